@@ -1,0 +1,204 @@
+//! The segment's geometry and where it lives, from documented environment variables.
+
+use crate::error::ShmError;
+use std::path::PathBuf;
+
+/// Cells per process when `NEMESIS_CELLS` is unset.
+pub const DEFAULT_CELLS: u32 = 64;
+/// Bytes per cell, header included, when `NEMESIS_CELL_SIZE` is unset.
+pub const DEFAULT_CELL_SIZE: u32 = 8192;
+/// Bytes per fastbox, header included, when `NEMESIS_FBOX_SIZE` is unset: room for
+/// 1 KiB of payload.
+pub const DEFAULT_FBOX_SIZE: u32 = 1152;
+/// Directory of the segment file when `NEMESIS_SHM_DIR` is unset.
+pub const DEFAULT_SHM_DIR: &str = "/dev/shm";
+/// Most processes one node's segment serves.
+pub const MAX_LOCAL_PROCS: u32 = 4096;
+
+/// Bytes at the start of a cell before its payload.
+pub const CELL_HEADER: u32 = 32;
+/// Bytes at the start of a fastbox before its payload.
+pub const FBOX_HEADER: u32 = 40;
+
+/// How big the segment's pieces are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Geometry {
+    /// Cells owned by each process (`NEMESIS_CELLS`).
+    pub cells_per_proc: u32,
+    /// Bytes per cell, header included (`NEMESIS_CELL_SIZE`).
+    pub cell_size: u32,
+    /// Bytes per fastbox, header included, or 0 for no fastboxes (`NEMESIS_FBOX_SIZE`).
+    pub fbox_size: u32,
+}
+
+impl Default for Geometry {
+    fn default() -> Self {
+        Self {
+            cells_per_proc: DEFAULT_CELLS,
+            cell_size: DEFAULT_CELL_SIZE,
+            fbox_size: DEFAULT_FBOX_SIZE,
+        }
+    }
+}
+
+impl Geometry {
+    /// Reads the environment, falling back to the defaults.
+    pub fn from_env() -> Result<Self, ShmError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Reads variables through `get`, falling back to the defaults.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ShmError> {
+        let d = Self::default();
+        let g = Self {
+            cells_per_proc: size_var(&get, "NEMESIS_CELLS", d.cells_per_proc)?,
+            cell_size: size_var(&get, "NEMESIS_CELL_SIZE", d.cell_size)?,
+            fbox_size: size_var(&get, "NEMESIS_FBOX_SIZE", d.fbox_size)?,
+        };
+        g.validate()?;
+        Ok(g)
+    }
+
+    /// Checks the ranges and the relations between the fields.
+    pub fn validate(&self) -> Result<(), ShmError> {
+        let bad = |var, value: u32, reason: &str| {
+            Err(ShmError::Config {
+                var,
+                value: value.to_string(),
+                reason: reason.to_string(),
+            })
+        };
+        if !(2..=1 << 20).contains(&self.cells_per_proc) {
+            return bad(
+                "NEMESIS_CELLS",
+                self.cells_per_proc,
+                "must be between 2 and 1048576",
+            );
+        }
+        if !(256..=16 << 20).contains(&self.cell_size) || self.cell_size % 128 != 0 {
+            return bad(
+                "NEMESIS_CELL_SIZE",
+                self.cell_size,
+                "must be a multiple of 128 between 256 and 16M",
+            );
+        }
+        if self.fbox_size != 0 {
+            if !(128..=64 << 10).contains(&self.fbox_size) || self.fbox_size % 128 != 0 {
+                return bad(
+                    "NEMESIS_FBOX_SIZE",
+                    self.fbox_size,
+                    "must be 0 (no fastboxes) or a multiple of 128 between 128 and 64K",
+                );
+            }
+            if self.fbox_capacity() > self.cell_capacity() {
+                return bad(
+                    "NEMESIS_FBOX_SIZE",
+                    self.fbox_size,
+                    "a fastbox may not hold more payload than a cell (NEMESIS_CELL_SIZE)",
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Payload bytes of one cell.
+    pub fn cell_capacity(&self) -> usize {
+        (self.cell_size - CELL_HEADER) as usize
+    }
+
+    /// Payload bytes of one fastbox; 0 when fastboxes are off.
+    pub fn fbox_capacity(&self) -> usize {
+        self.fbox_size.saturating_sub(FBOX_HEADER) as usize
+    }
+}
+
+/// Where the segment file goes (`NEMESIS_SHM_DIR`).
+pub fn shm_dir() -> PathBuf {
+    std::env::var_os("NEMESIS_SHM_DIR")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from(DEFAULT_SHM_DIR), PathBuf::from)
+}
+
+/// The segment file name of a node's group of processes in a job. Every name of a job
+/// starts with [`job_prefix`], so a launcher can remove what a crash left behind.
+pub fn segment_name(job_id: u64, node: u32) -> String {
+    format!("{}{node}", job_prefix(job_id))
+}
+
+/// The prefix of every segment file name of a job.
+pub fn job_prefix(job_id: u64) -> String {
+    format!("nemesis-{job_id:016x}-")
+}
+
+fn size_var(get: &impl Fn(&str) -> Option<String>, var: &'static str, default: u32) -> Result<u32, ShmError> {
+    match get(var) {
+        None => Ok(default),
+        Some(v) if v.trim().is_empty() => Ok(default),
+        Some(v) => parse_size(&v)
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| ShmError::Config {
+                var,
+                value: v.clone(),
+                reason: "expected a whole number, optionally with a K, M or G suffix".into(),
+            }),
+    }
+}
+
+/// Parses `123`, `8K`, `8KiB`, `1M`, `2G` (binary multiples, case-insensitive).
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, suffix) = s.split_at(split);
+    let n: u64 = digits.parse().ok()?;
+    let mult: u64 = match suffix.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        _ => return None,
+    };
+    n.checked_mul(mult)
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+    }
+
+    #[test]
+    fn defaults_and_suffixes() {
+        assert_eq!(Geometry::from_lookup(env(&[])).unwrap(), Geometry::default());
+        let g = Geometry::from_lookup(env(&[("NEMESIS_CELL_SIZE", "16K"), ("NEMESIS_CELLS", "32")])).unwrap();
+        assert_eq!((g.cells_per_proc, g.cell_size), (32, 16384));
+        assert_eq!(parse_size("1MiB"), Some(1 << 20));
+        assert_eq!(parse_size("12x"), None);
+        assert_eq!(parse_size(""), None);
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        for (var, val) in [
+            ("NEMESIS_CELLS", "1"),
+            ("NEMESIS_CELLS", "lots"),
+            ("NEMESIS_CELL_SIZE", "1000"),
+            ("NEMESIS_FBOX_SIZE", "100"),
+            ("NEMESIS_CELL_SIZE", "99999999999999999999"),
+        ] {
+            let err = Geometry::from_lookup(env(&[(var, val)])).unwrap_err();
+            let msg = err.to_string();
+            assert!(msg.contains(var) && msg.contains(val), "{msg}");
+        }
+        let err = Geometry::from_lookup(env(&[("NEMESIS_CELL_SIZE", "256"), ("NEMESIS_FBOX_SIZE", "384")]))
+            .unwrap_err();
+        assert!(err.to_string().contains("more payload than a cell"), "{err}");
+    }
+
+    #[test]
+    fn fastboxes_can_be_turned_off() {
+        let g = Geometry::from_lookup(env(&[("NEMESIS_FBOX_SIZE", "0")])).unwrap();
+        assert_eq!(g.fbox_capacity(), 0);
+    }
+}

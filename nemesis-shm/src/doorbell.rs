@@ -1,0 +1,169 @@
+//! Sleep and wake-up for a process that has nothing to do.
+//!
+//! Each process has one doorbell word in the segment. Every sender that hands it work
+//! adds 2 with an acquire-release RMW; a process about to sleep sets bit 0 with an RMW,
+//! looks for work once more, then waits on the futex for the word to change. Because
+//! both sides use RMWs on the same word, they are totally ordered: either the sender's
+//! add comes later and sees the sleeping bit (and wakes), or the sleeper's RMW comes
+//! later and acquires the sender's work. No SeqCst fence is needed, and loom can check it.
+
+use crate::sync::{AtomicU32, Ordering};
+use std::time::Duration;
+
+const SLEEPING: u32 = 1;
+const RING: u32 = 2;
+
+/// A process's doorbell.
+#[derive(Debug, Default)]
+#[repr(C)]
+pub struct Doorbell {
+    word: AtomicU32,
+    #[cfg(loom)]
+    lock: loom::sync::Mutex<()>,
+    #[cfg(loom)]
+    cv: loom::sync::Condvar,
+}
+
+impl Doorbell {
+    /// A doorbell with nobody asleep.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Tells the owner that work was handed to it, waking it if it sleeps.
+    /// Call after the work is published.
+    #[inline]
+    pub fn ring(&self) {
+        let old = self.word.fetch_add(RING, Ordering::AcqRel);
+        if old & SLEEPING != 0 {
+            self.wake();
+        }
+    }
+
+    /// Announces that the owner is about to sleep. Returns the token for [`Doorbell::sleep`].
+    /// The owner must look for work after this and before sleeping.
+    #[inline]
+    pub fn announce(&self) -> u32 {
+        self.word.fetch_or(SLEEPING, Ordering::AcqRel) | SLEEPING
+    }
+
+    /// Withdraws an announcement, after finding work or after waking.
+    #[inline]
+    pub fn withdraw(&self) {
+        self.word.fetch_and(!SLEEPING, Ordering::Relaxed);
+    }
+
+    /// Sleeps until a sender rings after `announce` returned `token`, or until `timeout`.
+    /// Returns at once if one already did. Spurious returns are possible.
+    pub fn sleep(&self, token: u32, timeout: Option<Duration>) {
+        self.futex_wait(token, timeout);
+    }
+
+    #[cfg(not(loom))]
+    fn futex_wait(&self, token: u32, timeout: Option<Duration>) {
+        let ts = timeout.map(|t| libc::timespec {
+            tv_sec: t.as_secs().min(i32::MAX as u64) as libc::time_t,
+            tv_nsec: t.subsec_nanos() as libc::c_long,
+        });
+        let ts_ptr = ts
+            .as_ref()
+            .map_or(core::ptr::null(), |t| t as *const libc::timespec);
+        // SAFETY: the word is a live, aligned u32 in memory shared by the waiters and
+        // wakers, and `ts_ptr` is null or points to a timespec that outlives the call.
+        // Not FUTEX_PRIVATE: the word is in a MAP_SHARED mapping used by other processes.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                self.word.as_ptr(),
+                libc::FUTEX_WAIT,
+                token,
+                ts_ptr,
+                core::ptr::null::<u32>(),
+                0u32,
+            );
+        }
+    }
+
+    #[cfg(not(loom))]
+    fn wake(&self) {
+        // SAFETY: as in `futex_wait`; FUTEX_WAKE only reads the address.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                self.word.as_ptr(),
+                libc::FUTEX_WAKE,
+                1u32,
+                core::ptr::null::<libc::timespec>(),
+                core::ptr::null::<u32>(),
+                0u32,
+            );
+        }
+    }
+
+    // The kernel checks the futex word and queues the waiter under one lock, and a wake
+    // takes the same lock: a mutex and a condition variable model exactly that.
+    #[cfg(loom)]
+    fn futex_wait(&self, token: u32, _timeout: Option<Duration>) {
+        let guard = self.lock.lock().unwrap();
+        if self.word.load(Ordering::SeqCst) != token {
+            return;
+        }
+        drop(self.cv.wait(guard).unwrap());
+    }
+
+    #[cfg(loom)]
+    fn wake(&self) {
+        let _guard = self.lock.lock().unwrap();
+        self.cv.notify_all();
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+    use std::time::Instant;
+
+    #[test]
+    fn ring_wakes_a_sleeper() {
+        let bell = Arc::new(Doorbell::new());
+        let work = Arc::new(AtomicBool::new(false));
+        let (b, w) = (bell.clone(), work.clone());
+        let t = std::thread::spawn(move || {
+            while !w.load(Ordering::Acquire) {
+                let token = b.announce();
+                if w.load(Ordering::Acquire) {
+                    b.withdraw();
+                    break;
+                }
+                b.sleep(token, Some(Duration::from_secs(30)));
+                b.withdraw();
+            }
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        let start = Instant::now();
+        work.store(true, Ordering::Release);
+        bell.ring();
+        t.join().unwrap();
+        assert!(start.elapsed() < Duration::from_secs(25), "sleeper was not woken");
+    }
+
+    #[test]
+    fn sleep_returns_at_once_after_a_ring() {
+        let bell = Doorbell::new();
+        let token = bell.announce();
+        bell.ring();
+        let start = Instant::now();
+        bell.sleep(token, Some(Duration::from_secs(30)));
+        assert!(start.elapsed() < Duration::from_secs(25));
+    }
+
+    #[test]
+    fn sleep_honours_the_timeout() {
+        let bell = Doorbell::new();
+        let token = bell.announce();
+        bell.sleep(token, Some(Duration::from_millis(5)));
+        bell.withdraw();
+    }
+}

@@ -1,0 +1,187 @@
+//! A [`Region`] in ordinary heap memory, for loom models and threaded tests.
+//!
+//! It runs the same protocol code as the shared segment; only the memory differs.
+
+use crate::doorbell::Doorbell;
+use crate::queue::{Links, QueueShared};
+use crate::region::{CellAccess, CellMeta, Envelope, FboxAccess, Region, fbox_index, gather};
+use crate::sync::{AtomicU32, AtomicU64, CachePadded, UnsafeCell};
+
+/// A heap-backed region.
+#[derive(Debug)]
+pub struct HeapRegion {
+    nprocs: u32,
+    cells_per_proc: u32,
+    cell_capacity: usize,
+    fbox_capacity: usize,
+    recv: Vec<CachePadded<QueueShared>>,
+    free: Vec<CachePadded<QueueShared>>,
+    bells: Vec<CachePadded<Doorbell>>,
+    fboxes: Vec<HeapFbox>,
+    cells: Vec<HeapCell>,
+}
+
+#[derive(Debug)]
+struct HeapFbox {
+    seq: AtomicU64,
+    ack: AtomicU64,
+    data: UnsafeCell<(Envelope, usize, Box<[u8]>)>,
+}
+
+#[derive(Debug)]
+struct HeapCell {
+    next: AtomicU32,
+    data: UnsafeCell<(CellMeta, Box<[u8]>)>,
+}
+
+// SAFETY: the unsynchronised contents (fastbox and cell data) are only accessed under
+// the ownership rules of the fastbox and queue protocols, which hand them from one thread
+// to another with Release/Acquire pairs, exactly as between processes.
+unsafe impl Sync for HeapRegion {}
+// SAFETY: nothing in the region is tied to the thread that made it.
+unsafe impl Send for HeapRegion {}
+
+impl HeapRegion {
+    /// A region for `nprocs` processes with `cells_per_proc` cells of `cell_capacity`
+    /// payload bytes each, and fastboxes of `fbox_capacity` bytes (0: none).
+    ///
+    /// # Panics
+    /// If `nprocs` is 0 or above 65535, or `fbox_capacity > cell_capacity`.
+    pub fn new(nprocs: u32, cells_per_proc: u32, cell_capacity: usize, fbox_capacity: usize) -> Self {
+        assert!((1..=u16::MAX as u32).contains(&nprocs));
+        assert!(fbox_capacity <= cell_capacity);
+        let n = nprocs as usize;
+        let boxes = if fbox_capacity > 0 { n * (n - 1) } else { 0 };
+        Self {
+            nprocs,
+            cells_per_proc,
+            cell_capacity,
+            fbox_capacity,
+            recv: (0..n).map(|_| CachePadded(QueueShared::new())).collect(),
+            free: (0..n).map(|_| CachePadded(QueueShared::new())).collect(),
+            bells: (0..n).map(|_| CachePadded(Doorbell::new())).collect(),
+            fboxes: (0..boxes)
+                .map(|_| HeapFbox {
+                    seq: AtomicU64::new(0),
+                    ack: AtomicU64::new(0),
+                    data: UnsafeCell::new(([0; 2], 0, vec![0; fbox_capacity].into_boxed_slice())),
+                })
+                .collect(),
+            cells: (0..n * cells_per_proc as usize)
+                .map(|_| HeapCell {
+                    next: AtomicU32::new(0),
+                    data: UnsafeCell::new((CellMeta::default(), vec![0; cell_capacity].into_boxed_slice())),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl Links for HeapRegion {
+    #[inline]
+    fn link(&self, handle: u32) -> &AtomicU32 {
+        &self.cells[handle as usize - 1].next
+    }
+}
+
+/// A fastbox of a [`HeapRegion`].
+#[derive(Debug, Clone, Copy)]
+pub struct HeapFboxRef<'a>(&'a HeapFbox);
+
+impl<'a> FboxAccess<'a> for HeapFboxRef<'a> {
+    fn seq(self) -> &'a AtomicU64 {
+        &self.0.seq
+    }
+    fn ack(self) -> &'a AtomicU64 {
+        &self.0.ack
+    }
+    unsafe fn write(self, env: &Envelope, payload: &[&[u8]], len: usize) {
+        self.0.data.with_mut(|p| {
+            // SAFETY: the caller is the only writer and the reader is done with the box.
+            let (e, l, buf) = unsafe { &mut *p };
+            assert!(len <= buf.len());
+            *e = *env;
+            *l = len;
+            // SAFETY: `buf` has room for `len` bytes, checked above.
+            unsafe { gather(buf.as_mut_ptr(), payload) };
+        })
+    }
+    unsafe fn read<R>(self, f: impl FnOnce(&Envelope, &[u8]) -> R) -> R {
+        self.0.data.with(|p| {
+            // SAFETY: the caller acquired the message and the sender waits for our ack.
+            let (e, l, buf) = unsafe { &*p };
+            f(e, &buf[..*l])
+        })
+    }
+}
+
+/// A cell of a [`HeapRegion`].
+#[derive(Debug, Clone, Copy)]
+pub struct HeapCellRef<'a>(&'a HeapCell);
+
+impl<'a> CellAccess<'a> for HeapCellRef<'a> {
+    unsafe fn write(self, meta: &CellMeta, payload: &[&[u8]]) {
+        self.0.data.with_mut(|p| {
+            // SAFETY: the caller owns the cell.
+            let (m, buf) = unsafe { &mut *p };
+            assert!(meta.len as usize <= buf.len());
+            *m = *meta;
+            // SAFETY: room checked above.
+            unsafe { gather(buf.as_mut_ptr(), payload) };
+        })
+    }
+    unsafe fn meta(self) -> CellMeta {
+        // SAFETY: the cell was published to the caller.
+        self.0.data.with(|p| unsafe { (*p).0 })
+    }
+    unsafe fn read<R>(self, len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
+        self.0.data.with(|p| {
+            // SAFETY: the cell was published to the caller.
+            let (_, buf) = unsafe { &*p };
+            f(&buf[..len.min(buf.len())])
+        })
+    }
+}
+
+impl Region for HeapRegion {
+    type Fbox<'a> = HeapFboxRef<'a>;
+    type Cell<'a> = HeapCellRef<'a>;
+    type ProcKey = u32;
+    type FboxKey = usize;
+
+    fn nprocs(&self) -> u32 {
+        self.nprocs
+    }
+    fn cells_per_proc(&self) -> u32 {
+        self.cells_per_proc
+    }
+    fn cell_capacity(&self) -> usize {
+        self.cell_capacity
+    }
+    fn fbox_capacity(&self) -> usize {
+        self.fbox_capacity
+    }
+    fn proc_key(&self, p: u32) -> u32 {
+        assert!(p < self.nprocs, "local process {p} of {}", self.nprocs);
+        p
+    }
+    fn fbox_key(&self, from: u32, to: u32) -> usize {
+        assert!(from != to && from < self.nprocs && to < self.nprocs && self.fbox_capacity > 0);
+        fbox_index(self.nprocs, from, to)
+    }
+    unsafe fn recv_queue_of(&self, p: u32) -> &QueueShared {
+        &self.recv[p as usize]
+    }
+    unsafe fn free_queue_of(&self, p: u32) -> &QueueShared {
+        &self.free[p as usize]
+    }
+    unsafe fn doorbell_of(&self, p: u32) -> &Doorbell {
+        &self.bells[p as usize]
+    }
+    unsafe fn fbox_of(&self, index: usize) -> HeapFboxRef<'_> {
+        HeapFboxRef(&self.fboxes[index])
+    }
+    fn cell(&self, handle: u32) -> HeapCellRef<'_> {
+        HeapCellRef(&self.cells[handle as usize - 1])
+    }
+}

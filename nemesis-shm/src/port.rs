@@ -1,0 +1,632 @@
+//! One process's end of the shared-memory transport.
+//!
+//! A message to a local peer goes into the pair's fastbox when it fits and the box is
+//! free, and otherwise into a cell taken from the sender's own pool and enqueued on the
+//! receiver's receive queue. Both carry a per-pair sequence number, and the receiver
+//! hands a message up only when its number is the next one due from that sender, so
+//! fastbox and queue messages between a pair never overtake each other.
+
+use crate::queue::{Consumer, Pop, enqueue};
+use crate::region::{CellAccess, CellMeta, Envelope, FboxAccess, Region};
+use crate::sync::Ordering;
+use crate::variant::{Sound, Variant};
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// No fastbox and no cell are available for this destination right now. Nothing was
+/// sent; try again after polling, which returns cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Full;
+
+/// A receive queue held something that no correct sender writes.
+#[derive(Debug, thiserror::Error)]
+#[error("corrupt cell {handle} in the receive queue of local process {me}: {what}")]
+pub struct Corrupt {
+    /// The receiving process.
+    pub me: u32,
+    /// The cell's handle.
+    pub handle: u32,
+    /// What was wrong.
+    pub what: &'static str,
+}
+
+/// How many queue cells one poll hands up at most, so a flood cannot starve the caller.
+const POLL_BUDGET: usize = 64;
+
+/// A process's end of the transport over a [`Region`].
+pub struct Port<R: Region, V: Variant = Sound> {
+    region: Arc<R>,
+    book: Book<R>,
+    _variant: PhantomData<V>,
+}
+
+impl<R: Region, V: Variant> std::fmt::Debug for Port<R, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Port")
+            .field("me", &self.book.me)
+            .field("nprocs", &self.book.n)
+            .field("free_cells", &self.book.stash.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What we keep about one peer.
+struct Peer<R: Region> {
+    /// The peer's local index.
+    index: u32,
+    /// The fastbox we write to the peer, and the one it writes to us. Each box's `ack`
+    /// word is written by its writer to acknowledge the other box.
+    boxes: Option<(R::FboxKey, R::FboxKey)>,
+    /// The peer's queues and doorbell.
+    slot: R::ProcKey,
+    /// Next sequence number to send; numbers start at 1.
+    send_seq: u64,
+    /// Sequence number of the last message we wrote into our box to the peer.
+    fbox_sent: u64,
+    /// Next sequence number due from the peer.
+    recv_seq: u64,
+    /// Cells sent to the peer and not yet seen back.
+    inflight: u32,
+}
+
+/// The private bookkeeping, apart from the region so both can be borrowed at once.
+struct Book<R: Region> {
+    me: u32,
+    n: u32,
+    /// Our own queues and doorbell.
+    my: R::ProcKey,
+    fbox_cap: usize,
+    cell_cap: usize,
+    cells_per_proc: u32,
+    /// Every other local process, in order: process `p` is at `p - (p > me)`.
+    peers: Box<[Peer<R>]>,
+    rq: Consumer,
+    fq: Consumer,
+    /// Our own cells, taken off our free queue and ready to fill.
+    stash: Vec<u32>,
+    /// At most this many cells in flight to one peer, so one slow receiver cannot hold
+    /// the whole pool and stall our traffic to everyone else.
+    credit: u32,
+    /// A send failed for want of a cell; wake-ups then also count returned cells.
+    starved: bool,
+}
+
+impl<R: Region> Port<R, Sound> {
+    /// The port of local process `me`.
+    ///
+    /// # Panics
+    /// If `me` is not a process of the region.
+    pub fn new(region: Arc<R>, me: u32) -> Self {
+        Self::with_variant(region, me)
+    }
+}
+
+impl<R: Region, V: Variant> Port<R, V> {
+    /// The port of local process `me`, running protocol variant `V`.
+    ///
+    /// # Panics
+    /// If `me` is not a process of the region.
+    pub fn with_variant(region: Arc<R>, me: u32) -> Self {
+        let n = region.nprocs();
+        assert!(me < n, "local process {me} of {n}");
+        let cells = region.cells_per_proc();
+        let first = me * cells + 1;
+        let credit = if n <= 2 { cells } else { (cells / 2).max(1) };
+        let fbox_cap = region.fbox_capacity();
+        let peers = (0..n)
+            .filter(|&p| p != me)
+            .map(|p| Peer {
+                index: p,
+                boxes: (fbox_cap > 0).then(|| (region.fbox_key(me, p), region.fbox_key(p, me))),
+                slot: region.proc_key(p),
+                send_seq: 1,
+                fbox_sent: 0,
+                recv_seq: 1,
+                inflight: 0,
+            })
+            .collect();
+        let book = Book {
+            me,
+            n,
+            my: region.proc_key(me),
+            fbox_cap,
+            cell_cap: region.cell_capacity(),
+            cells_per_proc: cells,
+            peers,
+            rq: Consumer::new(),
+            fq: Consumer::new(),
+            stash: (first..first + cells).rev().collect(),
+            credit,
+            starved: false,
+        };
+        Self {
+            region,
+            book,
+            _variant: PhantomData,
+        }
+    }
+
+    /// This process's local index.
+    pub fn me(&self) -> u32 {
+        self.book.me
+    }
+
+    /// The number of processes in the region.
+    pub fn nprocs(&self) -> u32 {
+        self.book.n
+    }
+
+    /// The region.
+    pub fn region(&self) -> &Arc<R> {
+        &self.region
+    }
+
+    /// The largest payload of one message.
+    pub fn max_payload(&self) -> usize {
+        self.book.cell_cap
+    }
+
+    /// The largest payload that can travel in a fastbox.
+    pub fn fbox_capacity(&self) -> usize {
+        self.book.fbox_cap
+    }
+
+    /// Caps the cells in flight to any one peer (at least 1).
+    pub fn set_credit(&mut self, cells: u32) {
+        self.book.credit = cells.clamp(1, self.book.cells_per_proc);
+    }
+
+    /// The cap on cells in flight to one peer.
+    pub fn credit(&self) -> u32 {
+        self.book.credit
+    }
+
+    /// Sends a message of `len` bytes (the total of `payload`) to local process `dest`.
+    ///
+    /// # Panics
+    /// If `dest` is this process or out of range, or `len` exceeds [`Port::max_payload`].
+    /// Callers validate first. `len` must be the total length of `payload`.
+    #[inline]
+    pub fn try_send(&mut self, dest: u32, env: &Envelope, payload: &[&[u8]], len: usize) -> Result<(), Full> {
+        if dest == self.book.me || dest >= self.book.n {
+            bad_dest(dest, self.book.me, self.book.n);
+        }
+        // SAFETY: checked just above.
+        unsafe { self.try_send_unchecked(dest, env, payload, len) }
+    }
+
+    /// [`Port::try_send`] without the check of `dest`, for callers that have made it.
+    ///
+    /// # Safety
+    /// `dest` is a local process other than this one (`dest < nprocs`, `dest != me`).
+    /// `len` must still be the total length of `payload`; it is checked against the
+    /// capacities.
+    #[inline]
+    pub unsafe fn try_send_unchecked(
+        &mut self,
+        dest: u32,
+        env: &Envelope,
+        payload: &[&[u8]],
+        len: usize,
+    ) -> Result<(), Full> {
+        // SAFETY: passed on from our caller.
+        if unsafe { self.try_fbox_unchecked(dest, env, payload, len) } {
+            return Ok(());
+        }
+        self.send_cell(dest, env, payload, len)
+    }
+
+    /// Sends through the fastbox to `dest` if the message fits and the box is free;
+    /// returns whether it did. The fast path of [`Port::try_send_unchecked`].
+    ///
+    /// # Safety
+    /// As for [`Port::try_send_unchecked`].
+    #[inline(always)]
+    pub unsafe fn try_fbox_unchecked(
+        &mut self,
+        dest: u32,
+        env: &Envelope,
+        payload: &[&[u8]],
+        len: usize,
+    ) -> bool {
+        let b = &mut self.book;
+        let region = &*self.region;
+        debug_assert!(dest < b.n && dest != b.me);
+        debug_assert_eq!(len, payload.iter().map(|p| p.len()).sum::<usize>());
+        // SAFETY: the caller guarantees `dest < n` and `dest != me`, so the position is
+        // below `n - 1`, the length of `peers`.
+        let peer = unsafe { b.peers.get_unchecked_mut(b.pos(dest)) };
+        let seq = peer.send_seq;
+        if let Some((out, inn)) = peer.boxes
+            && len <= b.fbox_cap
+        {
+            // SAFETY: every key in the book was made by `region`.
+            let (out, inn) = unsafe { (region.fbox_of(out), region.fbox_of(inn)) };
+            if inn.ack().load(Ordering::Acquire) != peer.fbox_sent {
+                return false;
+            }
+            // SAFETY: we are this box's only sender, the receiver has acknowledged the last
+            // message we put in it (Acquire above), and `len` fits the box.
+            unsafe { out.write(env, payload, len) };
+            out.seq().store(seq, V::FBOX_PUBLISH);
+            peer.fbox_sent = seq;
+            peer.send_seq = seq + 1;
+            // SAFETY: a key of this region.
+            unsafe { region.doorbell_of(peer.slot) }.ring();
+            return true;
+        }
+        false
+    }
+
+    /// The queue path of [`Port::try_send`]: a cell from our pool onto the receiver's
+    /// queue. Kept out of line so the fastbox path stays small.
+    #[inline(never)]
+    fn send_cell(&mut self, dest: u32, env: &Envelope, payload: &[&[u8]], len: usize) -> Result<(), Full> {
+        let b = &mut self.book;
+        let region = &*self.region;
+        if dest == b.me || dest >= b.n {
+            bad_dest(dest, b.me, b.n);
+        }
+        let pos = b.pos(dest);
+        let seq = b.peers[pos].send_seq;
+        assert!(
+            len <= b.cell_cap,
+            "{len} bytes do not fit a cell of {}",
+            b.cell_cap
+        );
+        let Some(h) = b.take_cell::<V>(region, dest) else {
+            return Err(Full);
+        };
+        let meta = CellMeta {
+            src: b.me as u16,
+            dest: dest as u16,
+            len: len as u32,
+            seq: seq as u32,
+            env: *env,
+        };
+        // SAFETY: `h` came from our stash, so it is ours and in no queue; `len` fits.
+        unsafe { region.cell(h).write(&meta, payload) };
+        let peer = &mut b.peers[pos];
+        // SAFETY: a key of this region.
+        enqueue::<V>(unsafe { region.recv_queue_of(peer.slot) }, region, h);
+        peer.inflight += 1;
+        peer.send_seq = seq + 1;
+        // SAFETY: a key of this region.
+        unsafe { region.doorbell_of(peer.slot) }.ring();
+        Ok(())
+    }
+
+    /// Hands every message that is due to `f(src, env, payload)`, in place: the payload
+    /// lives in the fastbox or cell and is released when `f` returns. Returns how many.
+    #[inline]
+    pub fn poll<F: FnMut(u32, &Envelope, &[u8])>(&mut self, mut f: F) -> Result<usize, Corrupt> {
+        let b = &mut self.book;
+        let region = &*self.region;
+        let mut got = 0;
+        // Peers have no boxes when fastboxes are off.
+        for peer in b.peers.iter_mut() {
+            if take_fbox::<R, F>(region, peer, &mut f) {
+                got += 1;
+            }
+        }
+        // SAFETY: a key of this region.
+        if !b.rq.is_empty(unsafe { region.recv_queue_of(b.my) }) {
+            got += self.poll_queue(&mut f)?;
+        }
+        Ok(got)
+    }
+
+    /// The queue part of [`Port::poll`], out of line so the fastbox path stays small.
+    #[inline(never)]
+    fn poll_queue<F: FnMut(u32, &Envelope, &[u8])>(&mut self, f: &mut F) -> Result<usize, Corrupt> {
+        let b = &mut self.book;
+        let region = &*self.region;
+        // SAFETY: a key of this region.
+        let q = unsafe { region.recv_queue_of(b.my) };
+        let mut got = 0;
+        let mut cells = 0;
+        while cells < POLL_BUDGET {
+            let Some(h) = b.rq.peek(q) else { break };
+            // SAFETY: `h` is at the head of our receive queue, acquired from its producer.
+            let meta = unsafe { region.cell(h).meta() };
+            b.check(h, &meta)?;
+            let s = meta.src as u32;
+            let pos = b.pos(s);
+            let peer = &mut b.peers[pos];
+            if V::SEQ_CHECK && meta.seq != peer.recv_seq as u32 {
+                // Its predecessor went through the fastbox, which was published first.
+                if take_fbox::<R, F>(region, peer, f) {
+                    got += 1;
+                    continue;
+                }
+                break;
+            }
+            match b.rq.pop::<V>(q, region) {
+                Pop::Got(popped) => debug_assert_eq!(popped, h),
+                Pop::Busy | Pop::Empty => break,
+            }
+            // SAFETY: we dequeued `h`; it is ours until we return it below.
+            unsafe {
+                region
+                    .cell(h)
+                    .read(meta.len as usize, |data| f(s, &meta.env, data))
+            };
+            let peer = &mut b.peers[pos];
+            peer.recv_seq += 1;
+            // SAFETY: keys of this region.
+            unsafe {
+                enqueue::<V>(region.free_queue_of(peer.slot), region, h);
+                region.doorbell_of(peer.slot).ring();
+            }
+            got += 1;
+            cells += 1;
+        }
+        Ok(got)
+    }
+
+    /// Whether a poll would find something: a due fastbox message, a queued cell, or,
+    /// after a failed send, a returned cell.
+    pub fn has_work(&self) -> bool {
+        let b = &self.book;
+        let region = &*self.region;
+        for peer in b.peers.iter() {
+            if let Some((_, inn)) = peer.boxes
+                // SAFETY: a key of this region.
+                && unsafe { region.fbox_of(inn) }.seq().load(Ordering::Acquire) == peer.recv_seq
+            {
+                return true;
+            }
+        }
+        // SAFETY: keys of this region.
+        unsafe {
+            !b.rq.is_empty(region.recv_queue_of(b.my))
+                || (b.starved && !b.fq.is_empty(region.free_queue_of(b.my)))
+        }
+    }
+
+    /// Sleeps until another process hands this one work, or `timeout` passes.
+    /// Returns at once if there is work already.
+    pub fn sleep(&mut self, timeout: Option<Duration>) {
+        // SAFETY: a key of this region.
+        let bell = unsafe { self.region.doorbell_of(self.book.my) };
+        let token = bell.announce();
+        if V::WAKE_RECHECK && self.has_work() {
+            bell.withdraw();
+            return;
+        }
+        bell.sleep(token, timeout);
+        bell.withdraw();
+    }
+
+    /// Cells of ours that are neither in flight nor waiting in our free queue.
+    pub fn free_cells(&self) -> usize {
+        self.book.stash.len()
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn bad_dest(dest: u32, me: u32, n: u32) -> ! {
+    panic!("local process {me} cannot send through the port to {dest} (of {n})")
+}
+
+/// Delivers the message in `s`'s fastbox to us if it is the one due.
+#[inline(always)]
+fn take_fbox<R: Region, F: FnMut(u32, &Envelope, &[u8])>(region: &R, peer: &mut Peer<R>, f: &mut F) -> bool {
+    let Some((out, inn)) = peer.boxes else {
+        return false;
+    };
+    // SAFETY: keys of this region.
+    let (inbox, outbox) = unsafe { (region.fbox_of(inn), region.fbox_of(out)) };
+    let due = peer.recv_seq;
+    if inbox.seq().load(Ordering::Acquire) != due {
+        return false;
+    }
+    // SAFETY: the Acquire load saw the message `due`, which we have not acknowledged,
+    // so the sender leaves the box alone until our ack below.
+    unsafe { inbox.read(|env, data| f(peer.index, env, data)) };
+    peer.recv_seq = due + 1;
+    outbox.ack().store(due, Ordering::Release);
+    true
+}
+
+impl<R: Region> Book<R> {
+    /// Where local process `p` (not us) sits in `peers`.
+    #[inline(always)]
+    fn pos(&self, p: u32) -> usize {
+        (p - u32::from(p > self.me)) as usize
+    }
+
+    /// Takes one of our cells for a message to `dest`, within its credit.
+    #[inline]
+    fn take_cell<V: Variant>(&mut self, region: &R, dest: u32) -> Option<u32> {
+        let d = self.pos(dest);
+        if self.peers[d].inflight >= self.credit || self.stash.is_empty() {
+            self.reclaim::<V>(region);
+        }
+        if self.peers[d].inflight >= self.credit {
+            self.starved = true;
+            return None;
+        }
+        let h = self.stash.pop();
+        self.starved = h.is_none();
+        h
+    }
+
+    /// Moves returned cells from our free queue to the stash, crediting their receivers.
+    fn reclaim<V: Variant>(&mut self, region: &R) {
+        // SAFETY: a key of this region.
+        let q = unsafe { region.free_queue_of(self.my) };
+        while let Pop::Got(h) = self.fq.pop::<V>(q, region) {
+            // SAFETY: the cell came back through our free queue (Acquire); it is ours.
+            let dest = unsafe { region.cell(h).meta() }.dest as u32;
+            if dest != self.me
+                && let Some(p) = self.peers.get_mut(self.pos(dest))
+            {
+                p.inflight = p.inflight.saturating_sub(1);
+            }
+            self.stash.push(h);
+        }
+    }
+
+    /// Rejects a cell whose control fields no correct sender writes.
+    #[inline(always)]
+    fn check(&self, h: u32, meta: &CellMeta) -> Result<(), Corrupt> {
+        let what = if meta.src as u32 >= self.n || meta.src as u32 == self.me {
+            "bad source"
+        } else if (h - 1) / self.cells_per_proc != meta.src as u32 {
+            "cell not owned by its source"
+        } else if meta.len as usize > self.cell_cap {
+            "length beyond the cell"
+        } else {
+            return Ok(());
+        };
+        Err(Corrupt {
+            me: self.me,
+            handle: h,
+            what,
+        })
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::heap::HeapRegion;
+
+    fn pair(cells: u32, cell: usize, fbox: usize) -> (Port<HeapRegion>, Port<HeapRegion>) {
+        let r = Arc::new(HeapRegion::new(2, cells, cell, fbox));
+        (Port::new(r.clone(), 0), Port::new(r, 1))
+    }
+
+    fn drain(p: &mut Port<HeapRegion>) -> Vec<(u32, u64, Vec<u8>)> {
+        let mut out = Vec::new();
+        p.poll(|s, env, data| out.push((s, env[0], data.to_vec())))
+            .unwrap();
+        out
+    }
+
+    #[test]
+    fn small_goes_by_fastbox_large_by_queue_in_order() {
+        let (mut a, mut b) = pair(8, 256, 64);
+        let big = vec![7u8; 200];
+        for i in 0..6u64 {
+            let data: &[u8] = if i % 2 == 0 { b"tiny" } else { &big };
+            a.try_send(1, &[i, 0], &[data], data.len()).unwrap();
+        }
+        let got = drain(&mut b);
+        // The fastbox held message 0 only; 2 and 4 took cells behind it, still in order.
+        assert_eq!(
+            got.iter().map(|m| m.1).collect::<Vec<_>>(),
+            vec![0, 1, 2, 3, 4, 5]
+        );
+        assert_eq!(got[1].2, big);
+        assert_eq!(got[0].2, b"tiny");
+    }
+
+    #[test]
+    fn full_when_cells_run_out_and_recovers_after_poll() {
+        let (mut a, mut b) = pair(2, 64, 0);
+        let m = [1u8; 8];
+        a.try_send(1, &[1, 0], &[&m], 8).unwrap();
+        a.try_send(1, &[2, 0], &[&m], 8).unwrap();
+        assert_eq!(a.try_send(1, &[3, 0], &[&m], 8), Err(Full));
+        assert!(!a.has_work());
+        assert_eq!(drain(&mut b).len(), 2);
+        assert!(a.has_work(), "returned cells count as work after a failed send");
+        a.try_send(1, &[3, 0], &[&m], 8).unwrap();
+        assert_eq!(drain(&mut b)[0].1, 3);
+    }
+
+    #[test]
+    fn credit_keeps_cells_for_other_peers() {
+        let r = Arc::new(HeapRegion::new(3, 4, 64, 0));
+        let mut a = Port::new(r.clone(), 0);
+        let mut c = Port::new(r, 2);
+        assert_eq!(a.credit(), 2);
+        let m = [0u8; 4];
+        a.try_send(1, &[0; 2], &[&m], 4).unwrap();
+        a.try_send(1, &[0; 2], &[&m], 4).unwrap();
+        assert_eq!(a.try_send(1, &[0; 2], &[&m], 4), Err(Full), "peer 1 never polls");
+        a.try_send(2, &[9, 0], &[&m], 4).unwrap();
+        assert_eq!(drain(&mut c)[0].1, 9);
+    }
+
+    #[test]
+    fn gathers_iovecs() {
+        let (mut a, mut b) = pair(4, 64, 32);
+        a.try_send(1, &[0; 2], &[b"ab", b"", b"cde"], 5).unwrap();
+        a.try_send(1, &[0; 2], &[&[1; 40], &[2; 10]], 50).unwrap();
+        let got = drain(&mut b);
+        assert_eq!(got[0].2, b"abcde");
+        assert_eq!(got[1].2.len(), 50);
+        assert_eq!(got[1].2[45], 2);
+    }
+
+    #[test]
+    fn threads_ping_pong_mixed_sizes() {
+        let r = Arc::new(HeapRegion::new(2, 4, 512, 64));
+        let mut a = Port::new(r.clone(), 0);
+        let mut b = Port::new(r, 1);
+        const N: u64 = 5000;
+        let t = std::thread::spawn(move || {
+            let mut next = 0u64;
+            let mut echoes = std::collections::VecDeque::new();
+            while next < N || !echoes.is_empty() {
+                b.poll(|_, env, data| {
+                    assert_eq!(env[0], next);
+                    assert!(data.iter().all(|&x| x == next as u8));
+                    next += 1;
+                    echoes.push_back((env[0], data.to_vec()));
+                })
+                .unwrap();
+                while let Some((i, d)) = echoes.front() {
+                    if b.try_send(0, &[*i, 0], &[d], d.len()).is_err() {
+                        break;
+                    }
+                    echoes.pop_front();
+                }
+                if !b.has_work() && echoes.is_empty() && next < N {
+                    b.sleep(Some(Duration::from_millis(50)));
+                }
+            }
+        });
+        let mut back = 0u64;
+        for i in 0..N {
+            let len = [0usize, 8, 63, 64, 65, 300, 512][i as usize % 7];
+            let d = vec![i as u8; len];
+            while a.try_send(1, &[i, 0], &[&d], len).is_err() {
+                a.poll(|_, env, _| {
+                    assert_eq!(env[0], back);
+                    back += 1;
+                })
+                .unwrap();
+            }
+        }
+        while back < N {
+            a.poll(|_, env, _| {
+                assert_eq!(env[0], back);
+                back += 1;
+            })
+            .unwrap();
+        }
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn corrupt_source_is_an_error_not_a_panic() {
+        let (mut a, mut b) = pair(2, 64, 0);
+        a.try_send(1, &[0; 2], &[b"x"], 1).unwrap();
+        // Rewrite the cell's source as a broken peer would.
+        let h = 1;
+        let region = a.region().clone();
+        // SAFETY: single-threaded test; nobody else touches the cell while we rewrite it.
+        let mut meta = unsafe { region.cell(h).meta() };
+        meta.src = 7;
+        // SAFETY: as above.
+        unsafe { region.cell(h).write(&meta, &[b"x"]) };
+        let err = b.poll(|_, _, _| {}).unwrap_err();
+        assert_eq!(err.what, "bad source");
+    }
+}

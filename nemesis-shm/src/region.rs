@@ -1,0 +1,247 @@
+//! What the protocol code needs from memory, whichever memory it is.
+//!
+//! The segment implements [`Region`] over one `mmap`; [`crate::heap::HeapRegion`]
+//! implements it over ordinary allocations, for loom and for threaded tests. The port
+//! logic is written once, against this trait.
+
+use crate::doorbell::Doorbell;
+use crate::queue::{Links, QueueShared};
+use crate::sync::AtomicU64;
+
+/// The 16-byte header of the layer above, carried without being looked at.
+pub type Envelope = [u64; 2];
+
+/// The control fields of a queue cell, written by the sender before it enqueues the cell.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CellMeta {
+    /// Local index of the sender, which owns the cell.
+    pub src: u16,
+    /// Local index of the receiver.
+    pub dest: u16,
+    /// Payload bytes.
+    pub len: u32,
+    /// Low 32 bits of the per-pair sequence number.
+    pub seq: u32,
+    /// The upper layer's header.
+    pub env: Envelope,
+}
+
+/// One fastbox: a single-slot mailbox for one ordered pair of processes.
+///
+/// `seq` holds the sequence number of the message in the box and is written only by
+/// the sender. `ack` holds the sequence number of the last message its writer consumed
+/// from the box in the opposite direction: the receiver acknowledges in its own box,
+/// so a ping-pong moves one cache line each way.
+pub trait FboxAccess<'a>: Copy {
+    /// The sequence word, which publishes the contents.
+    fn seq(self) -> &'a AtomicU64;
+    /// The acknowledgement of the reverse box.
+    fn ack(self) -> &'a AtomicU64;
+    /// Writes a message into the box.
+    ///
+    /// # Safety
+    /// The caller is the box's only sender, the receiver has acknowledged everything
+    /// published in this box, and `len` is the total length of `payload`, at most the
+    /// region's fastbox capacity.
+    unsafe fn write(self, env: &Envelope, payload: &[&[u8]], len: usize);
+    /// Reads the message in the box in place.
+    ///
+    /// # Safety
+    /// The caller is the box's receiver, and has loaded `seq` with Acquire and found
+    /// a message it has not acknowledged.
+    unsafe fn read<R>(self, f: impl FnOnce(&Envelope, &[u8]) -> R) -> R;
+}
+
+/// One queue cell's contents.
+pub trait CellAccess<'a>: Copy {
+    /// Writes the control fields and the payload.
+    ///
+    /// # Safety
+    /// The caller owns the cell (it is in no queue), and `meta.len` is the total length of
+    /// `payload`, at most the region's cell capacity.
+    unsafe fn write(self, meta: &CellMeta, payload: &[&[u8]]);
+    /// Reads the control fields.
+    ///
+    /// # Safety
+    /// The cell was published to the caller: the caller owns it or has acquired it from
+    /// a queue, and no one else writes it meanwhile.
+    unsafe fn meta(self) -> CellMeta;
+    /// Reads the payload in place; `len` is clamped to the capacity.
+    ///
+    /// # Safety
+    /// As for [`CellAccess::meta`].
+    unsafe fn read<R>(self, len: usize, f: impl FnOnce(&[u8]) -> R) -> R;
+}
+
+/// Memory laid out for `nprocs` processes: per process a receive queue, a free queue,
+/// a doorbell and a pool of cells; per ordered pair a fastbox.
+///
+/// Process indices are node-local (`0..nprocs`). Cell handles are `index + 1`, and
+/// process `p` owns handles `p * cells_per_proc + 1 ..= (p + 1) * cells_per_proc`.
+///
+/// The fast paths name per-process structures and fastboxes by keys: stable addresses
+/// made once, checked when made, and then used without arithmetic or checks. The
+/// index-based accessors panic on an index out of range.
+pub trait Region: Links + Send + Sync {
+    /// A fastbox.
+    type Fbox<'a>: FboxAccess<'a>
+    where
+        Self: 'a;
+    /// A cell.
+    type Cell<'a>: CellAccess<'a>
+    where
+        Self: 'a;
+    /// Names one process's queues and doorbell.
+    type ProcKey: Copy + Send + Sync + std::fmt::Debug;
+    /// Names one fastbox.
+    type FboxKey: Copy + Send + Sync + std::fmt::Debug;
+
+    /// Number of processes.
+    fn nprocs(&self) -> u32;
+    /// Cells owned by each process.
+    fn cells_per_proc(&self) -> u32;
+    /// Largest payload of one cell.
+    fn cell_capacity(&self) -> usize;
+    /// Largest payload of one fastbox; 0 when fastboxes are off.
+    fn fbox_capacity(&self) -> usize;
+    /// The key of process `p`.
+    fn proc_key(&self, p: u32) -> Self::ProcKey;
+    /// The key of the fastbox written by `from` and read by `to`; fastboxes must be on.
+    fn fbox_key(&self, from: u32, to: u32) -> Self::FboxKey;
+    /// The receive queue of a process.
+    ///
+    /// # Safety
+    /// `k` was made by this region.
+    unsafe fn recv_queue_of(&self, k: Self::ProcKey) -> &QueueShared;
+    /// The free queue of a process.
+    ///
+    /// # Safety
+    /// `k` was made by this region.
+    unsafe fn free_queue_of(&self, k: Self::ProcKey) -> &QueueShared;
+    /// The doorbell of a process.
+    ///
+    /// # Safety
+    /// `k` was made by this region.
+    unsafe fn doorbell_of(&self, k: Self::ProcKey) -> &Doorbell;
+    /// A fastbox.
+    ///
+    /// # Safety
+    /// `k` was made by this region.
+    unsafe fn fbox_of(&self, k: Self::FboxKey) -> Self::Fbox<'_>;
+    /// The cell with this handle.
+    fn cell(&self, handle: u32) -> Self::Cell<'_>;
+
+    /// The receive queue of process `p`.
+    fn recv_queue(&self, p: u32) -> &QueueShared {
+        // SAFETY: the key was just made by this region.
+        unsafe { self.recv_queue_of(self.proc_key(p)) }
+    }
+    /// The free queue of process `p`.
+    fn free_queue(&self, p: u32) -> &QueueShared {
+        // SAFETY: as above.
+        unsafe { self.free_queue_of(self.proc_key(p)) }
+    }
+    /// The doorbell of process `p`.
+    fn doorbell(&self, p: u32) -> &Doorbell {
+        // SAFETY: as above.
+        unsafe { self.doorbell_of(self.proc_key(p)) }
+    }
+    /// The fastbox written by `from` and read by `to`.
+    fn fbox(&self, from: u32, to: u32) -> Self::Fbox<'_> {
+        // SAFETY: as above.
+        unsafe { self.fbox_of(self.fbox_key(from, to)) }
+    }
+}
+
+/// Index of the fastbox of the ordered pair (`from`, `to`) among `n * (n - 1)`, skipping
+/// the diagonal.
+#[inline(always)]
+pub fn fbox_index(n: u32, from: u32, to: u32) -> usize {
+    debug_assert!(from != to && from < n && to < n);
+    (from as usize) * (n as usize - 1) + if to < from { to } else { to - 1 } as usize
+}
+
+/// Copies the slices of `payload` to `dst`.
+///
+/// # Safety
+/// `dst` is valid for writes of the total length of `payload` and does not overlap it.
+#[inline(always)]
+pub(crate) unsafe fn gather(dst: *mut u8, payload: &[&[u8]]) {
+    if let [one] = payload {
+        // SAFETY: the caller guarantees room for the one part.
+        unsafe { copy_bytes(one.as_ptr(), dst, one.len()) };
+        return;
+    }
+    let mut off = 0;
+    for part in payload {
+        // SAFETY: the caller guarantees room for every part, laid end to end.
+        unsafe { core::ptr::copy_nonoverlapping(part.as_ptr(), dst.add(off), part.len()) };
+        off += part.len();
+    }
+}
+
+/// Copies as much of `src` as fits into `dst` and returns how much that was: a receive
+/// into a caller's buffer, inline for small sizes where a `memcpy` call costs more than
+/// the copy.
+#[inline(always)]
+pub fn copy_into(dst: &mut [u8], src: &[u8]) -> usize {
+    let n = src.len().min(dst.len());
+    // SAFETY: both slices hold at least `n` bytes, and a `&mut` cannot overlap a `&`.
+    unsafe { copy_bytes(src.as_ptr(), dst.as_mut_ptr(), n) };
+    n
+}
+
+/// Copies `len` bytes, inline for small lengths, where a `memcpy` call would cost more
+/// than the copy.
+///
+/// # Safety
+/// `src` is valid for `len` bytes of reads, `dst` for `len` bytes of writes, and they do
+/// not overlap.
+#[inline(always)]
+pub(crate) unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize) {
+    use core::ptr::{read_unaligned as rd, write_unaligned as wr};
+    // SAFETY: every access below stays within `len` bytes of `src` and `dst`; the pairs
+    // of accesses may overlap each other, which is fine for plain copies.
+    unsafe {
+        if len > 16 {
+            core::ptr::copy_nonoverlapping(src, dst, len);
+        } else if len >= 8 {
+            let (a, b) = (rd(src.cast::<u64>()), rd(src.add(len - 8).cast::<u64>()));
+            wr(dst.cast::<u64>(), a);
+            wr(dst.add(len - 8).cast::<u64>(), b);
+        } else if len >= 4 {
+            let (a, b) = (rd(src.cast::<u32>()), rd(src.add(len - 4).cast::<u32>()));
+            wr(dst.cast::<u32>(), a);
+            wr(dst.add(len - 4).cast::<u32>(), b);
+        } else {
+            for i in 0..len {
+                *dst.add(i) = *src.add(i);
+            }
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copy_bytes_every_small_length() {
+        let src: Vec<u8> = (1..=40).collect();
+        for len in 0..=40 {
+            let mut dst = vec![0u8; 41];
+            // SAFETY: both buffers hold at least `len` bytes and are distinct.
+            unsafe { copy_bytes(src.as_ptr(), dst.as_mut_ptr(), len) };
+            assert_eq!(&dst[..len], &src[..len], "len {len}");
+            assert!(dst[len..].iter().all(|&b| b == 0), "len {len} wrote past the end");
+        }
+    }
+
+    #[test]
+    fn gather_concatenates() {
+        let mut dst = [0u8; 9];
+        // SAFETY: 9 bytes of room for 9 bytes of parts.
+        unsafe { gather(dst.as_mut_ptr(), &[b"ab", b"", b"cdefghi"]) };
+        assert_eq!(&dst, b"abcdefghi");
+    }
+}

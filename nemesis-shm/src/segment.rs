@@ -1,0 +1,1081 @@
+//! The node's shared segment: one mapping holding every process's queues, doorbell and
+//! cells, and the fastbox of every ordered pair.
+//!
+//! Node-local process 0 creates the file under a temporary name, reserves its full size
+//! with `posix_fallocate` (so a full /dev/shm is an error now, not a SIGBUS later),
+//! writes the header and only then links it under its real name. The others attach and
+//! check the header, everyone meets at a barrier in the segment, and the creator unlinks
+//! the file: from then on a crash of any process leaves nothing behind.
+
+use crate::config::{CELL_HEADER, FBOX_HEADER, Geometry, MAX_LOCAL_PROCS};
+use crate::doorbell::Doorbell;
+use crate::error::{Bytes, ShmError};
+use crate::queue::{Links, QueueShared};
+use crate::region::{CellAccess, CellMeta, Envelope, FboxAccess, Region, gather};
+use crate::sync::{AtomicU32, AtomicU64, CachePadded, Ordering};
+use std::ffi::CString;
+use std::fs::{File, OpenOptions};
+use std::marker::PhantomData;
+use std::mem::{offset_of, size_of};
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::ptr::{NonNull, addr_of, addr_of_mut};
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+/// The first word of every segment.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"NEMESIS\x01");
+/// Bumped whenever the meaning of the layout changes without its shape changing.
+pub const LAYOUT_VERSION: u32 = 1;
+
+#[repr(C)]
+struct SegHeader {
+    /// Stored last by the creator, with Release.
+    magic: AtomicU64,
+    version: u32,
+    nprocs: u32,
+    layout_hash: u64,
+    job_id: u64,
+    total_size: u64,
+    cells_per_proc: u32,
+    cell_size: u32,
+    fbox_size: u32,
+    node: u32,
+}
+
+#[repr(C)]
+struct Control {
+    header: CachePadded<SegHeader>,
+    /// Processes that have arrived at the start-up barrier.
+    barrier: CachePadded<AtomicU32>,
+    /// Lines for the benchmarks' probes: the placement probe bounces `probe[0]` between
+    /// two processes; the single-writer floor has each write one of the two.
+    probe: [CachePadded<AtomicU64>; 2],
+}
+
+#[repr(C)]
+struct ProcInfo {
+    pid: AtomicU32,
+    state: AtomicU32,
+}
+
+const ABSENT: u32 = 0;
+const ATTACHED: u32 = 1;
+const LEFT: u32 = 2;
+
+/// Everything per process except its cells; each part on its own pair of lines because
+/// different processes write them.
+#[repr(C)]
+struct ProcSlot {
+    bell: CachePadded<Doorbell>,
+    recv: CachePadded<QueueShared>,
+    free: CachePadded<QueueShared>,
+    info: CachePadded<ProcInfo>,
+}
+
+#[repr(C)]
+struct CellHeader {
+    next: AtomicU32,
+    src: u16,
+    dest: u16,
+    len: u32,
+    seq: u32,
+    env: Envelope,
+}
+
+#[repr(C)]
+struct FboxHead {
+    seq: AtomicU64,
+    ack: AtomicU64,
+    len: u32,
+    _pad: u32,
+    env: Envelope,
+}
+
+const _: () = {
+    assert!(size_of::<CellHeader>() == CELL_HEADER as usize);
+    assert!(size_of::<FboxHead>() == FBOX_HEADER as usize);
+    assert!(size_of::<SegHeader>() <= 128);
+    assert!(size_of::<Control>() == 4 * 128);
+    assert!(size_of::<ProcSlot>() == 4 * 128);
+    assert!(offset_of!(ProcSlot, recv) == 128);
+    assert!(offset_of!(FboxHead, env) + size_of::<Envelope>() == FBOX_HEADER as usize);
+};
+
+/// A fingerprint of every shared structure's shape. Builds that disagree refuse to share
+/// a segment rather than corrupt it.
+pub const LAYOUT_HASH: u64 = {
+    let parts: [usize; 22] = [
+        LAYOUT_VERSION as usize,
+        size_of::<SegHeader>(),
+        offset_of!(SegHeader, nprocs),
+        offset_of!(SegHeader, layout_hash),
+        offset_of!(SegHeader, job_id),
+        offset_of!(SegHeader, total_size),
+        offset_of!(SegHeader, fbox_size),
+        size_of::<Control>(),
+        offset_of!(Control, barrier),
+        offset_of!(Control, probe),
+        size_of::<ProcSlot>(),
+        offset_of!(ProcSlot, free),
+        offset_of!(ProcSlot, info),
+        size_of::<Doorbell>(),
+        size_of::<QueueShared>(),
+        size_of::<CellHeader>(),
+        offset_of!(CellHeader, len),
+        offset_of!(CellHeader, seq),
+        offset_of!(CellHeader, env),
+        size_of::<FboxHead>(),
+        offset_of!(FboxHead, ack),
+        offset_of!(FboxHead, env),
+    ];
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut i = 0;
+    while i < parts.len() {
+        let mut v = parts[i] as u64;
+        let mut b = 0;
+        while b < 8 {
+            h ^= v & 0xff;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+            v >>= 8;
+            b += 1;
+        }
+        i += 1;
+    }
+    h
+};
+
+const PAGE: usize = 4096;
+
+/// Where each region of the segment starts.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    nprocs: u32,
+    geo: Geometry,
+    procs: usize,
+    fboxes: usize,
+    cells: usize,
+    total_cells: usize,
+    total: usize,
+}
+
+impl Layout {
+    fn new(nprocs: u32, geo: Geometry) -> Result<Self, ShmError> {
+        geo.validate()?;
+        if !(1..=MAX_LOCAL_PROCS).contains(&nprocs) {
+            return Err(ShmError::Config {
+                var: "local process count",
+                value: nprocs.to_string(),
+                reason: format!("must be between 1 and {MAX_LOCAL_PROCS}"),
+            });
+        }
+        let too_large = || ShmError::Config {
+            var: "segment size",
+            value: format!("{nprocs} processes, {geo:?}"),
+            reason: "does not fit the address space; lower NEMESIS_CELLS or NEMESIS_CELL_SIZE".into(),
+        };
+        let n = nprocs as usize;
+        let procs = size_of::<Control>();
+        let fboxes = procs + n * size_of::<ProcSlot>();
+        let fbox_bytes = if geo.fbox_size == 0 {
+            0
+        } else {
+            n * (n - 1) * geo.fbox_size as usize
+        };
+        let cells = (fboxes + fbox_bytes).next_multiple_of(PAGE);
+        let total_cells = n
+            .checked_mul(geo.cells_per_proc as usize)
+            .filter(|&c| c < u32::MAX as usize)
+            .ok_or_else(too_large)?;
+        let total = total_cells
+            .checked_mul(geo.cell_size as usize)
+            .and_then(|b| b.checked_add(cells))
+            .and_then(|b| b.checked_next_multiple_of(PAGE))
+            .filter(|&b| b <= isize::MAX as usize)
+            .ok_or_else(too_large)?;
+        Ok(Self {
+            nprocs,
+            geo,
+            procs,
+            fboxes,
+            cells,
+            total_cells,
+            total,
+        })
+    }
+}
+
+/// Addresses the fast paths need, so each access is one bounds check and one
+/// multiply-add.
+#[derive(Debug, Clone, Copy)]
+struct Hot {
+    slots: *mut u8,
+    nprocs: usize,
+    fboxes: *mut u8,
+    fbox_stride: usize,
+    nboxes: usize,
+    cells: *mut u8,
+    cell_stride: usize,
+    ncells: usize,
+    cell_capacity: usize,
+    fbox_capacity: usize,
+}
+
+#[cold]
+#[inline(never)]
+fn out_of_range(what: &str, i: usize, n: usize) -> ! {
+    panic!("{what} {i} out of range (0..{n})")
+}
+
+/// What is known of a local process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerState {
+    /// It has not attached yet.
+    Absent,
+    /// It attached and its pid is alive.
+    Alive {
+        /// Its pid.
+        pid: u32,
+    },
+    /// It detached cleanly.
+    Left,
+    /// It attached and its pid is gone.
+    Dead {
+        /// Its pid.
+        pid: u32,
+    },
+}
+
+/// How to find or make a node's segment.
+#[derive(Debug, Clone)]
+pub struct JoinSpec {
+    /// The directory of the file (`NEMESIS_SHM_DIR`).
+    pub dir: PathBuf,
+    /// The file name, unique to the job and node.
+    pub name: String,
+    /// The job.
+    pub job_id: u64,
+    /// An identifier of the node's group, recorded in the header.
+    pub node: u32,
+    /// Processes on the node.
+    pub nprocs: u32,
+    /// The geometry the creator uses; the others adopt the creator's.
+    pub geometry: Geometry,
+    /// How long to wait for the file and for the barrier.
+    pub timeout: Duration,
+}
+
+/// An `mmap` that is unmapped on drop.
+struct Mapping {
+    base: NonNull<u8>,
+    len: usize,
+}
+
+impl Mapping {
+    fn new(file: Option<&File>, len: usize, what: &str) -> Result<Self, ShmError> {
+        let (flags, fd) = match file {
+            Some(f) => (libc::MAP_SHARED, f.as_raw_fd()),
+            None => (libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1),
+        };
+        // SAFETY: a fresh mapping at an address of the kernel's choosing; it aliases no
+        // Rust object, and `fd` is open for the duration of the call.
+        let p = unsafe {
+            libc::mmap(
+                core::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(ShmError::last_os("mmap", what));
+        }
+        Ok(Self {
+            base: NonNull::new(p.cast()).expect("mmap returned null"),
+            len,
+        })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: we mapped exactly this range and nothing borrows it past our owner.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+    }
+}
+
+/// A mapped segment.
+pub struct Segment {
+    map: Mapping,
+    layout: Layout,
+    /// Where the hot regions start, and their strides, computed once from the layout.
+    hot: Hot,
+    path: Option<PathBuf>,
+    /// The file still has a name that only its creator should remove.
+    linked: AtomicBool,
+    /// Our local index once registered, else `u32::MAX`.
+    me: std::sync::atomic::AtomicU32,
+}
+
+// SAFETY: the mapping is shared memory whose every concurrently used field is an atomic;
+// the rest is accessed under the ownership rules of the queue and fastbox protocols,
+// which hold across threads as they do across processes.
+unsafe impl Send for Segment {}
+// SAFETY: as above.
+unsafe impl Sync for Segment {}
+
+impl std::fmt::Debug for Segment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Segment")
+            .field("path", &self.path)
+            .field("nprocs", &self.layout.nprocs)
+            .field("bytes", &self.layout.total)
+            .field("geometry", &self.layout.geo)
+            .finish()
+    }
+}
+
+impl Segment {
+    /// Bytes of the segment for `nprocs` processes with geometry `geo`.
+    pub fn bytes_for(nprocs: u32, geo: Geometry) -> Result<usize, ShmError> {
+        Ok(Layout::new(nprocs, geo)?.total)
+    }
+
+    /// A segment in anonymous shared memory, for processes that are threads of this
+    /// one, or for children forked after this call.
+    pub fn anonymous(nprocs: u32, geo: Geometry) -> Result<Self, ShmError> {
+        let layout = Layout::new(nprocs, geo)?;
+        let map = Mapping::new(None, layout.total, "anonymous segment")?;
+        let seg = Self::from_parts(map, layout, None);
+        seg.write_header(0, 0);
+        Ok(seg)
+    }
+
+    /// Creates, joins and, once everyone has joined, unlinks a node's segment, as local
+    /// process `local`: process 0 creates it, the others attach.
+    pub fn join(spec: &JoinSpec, local: u32) -> Result<Self, ShmError> {
+        let deadline = Instant::now() + spec.timeout;
+        let seg = if local == 0 {
+            Self::create(spec)?
+        } else {
+            Self::attach(spec, deadline)?
+        };
+        if local >= seg.layout.nprocs {
+            return Err(ShmError::Config {
+                var: "local rank",
+                value: local.to_string(),
+                reason: format!("the node has {} processes", seg.layout.nprocs),
+            });
+        }
+        seg.register(local);
+        seg.barrier(deadline, spec.timeout)?;
+        if local == 0 {
+            seg.unlink()?;
+        }
+        Ok(seg)
+    }
+
+    /// Creates the file, reserves it, writes the header and publishes it under its name.
+    pub fn create(spec: &JoinSpec) -> Result<Self, ShmError> {
+        let layout = Layout::new(spec.nprocs, spec.geometry)?;
+        let path = spec.dir.join(&spec.name);
+        let tmp = spec
+            .dir
+            .join(format!(".{}.{}.tmp", spec.name, std::process::id()));
+        let needed = layout.total as u64;
+        if let Some(available) = free_bytes(&spec.dir) {
+            if available < needed {
+                return Err(no_space(&spec.dir, needed, available, spec.geometry));
+            }
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| ShmError::io("create", tmp.display(), e))?;
+        let cleanup = Unlinker(Some(tmp.clone()));
+        // The umask may only have narrowed the mode; make it exactly owner-only.
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| ShmError::io("chmod", tmp.display(), e))?;
+        // SAFETY: `file` is an open descriptor we own.
+        let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, layout.total as libc::off_t) };
+        if rc == libc::ENOSPC || rc == libc::EFBIG {
+            let available = free_bytes(&spec.dir).unwrap_or(0);
+            return Err(no_space(&spec.dir, needed, available, spec.geometry));
+        } else if rc != 0 {
+            return Err(ShmError::io(
+                "posix_fallocate",
+                tmp.display(),
+                std::io::Error::from_raw_os_error(rc),
+            ));
+        }
+        let map = Mapping::new(Some(&file), layout.total, &tmp.display().to_string())?;
+        let seg = Self::from_parts(map, layout, Some(path.clone()));
+        seg.write_header(spec.job_id, spec.node);
+        std::fs::hard_link(&tmp, &path).map_err(|e| {
+            ShmError::io(
+                "publish segment (is a job with the same id running?)",
+                path.display(),
+                e,
+            )
+        })?;
+        seg.linked.store(true, Ordering::Relaxed);
+        drop(cleanup);
+        Ok(seg)
+    }
+
+    /// Waits for the creator's file to appear, maps it and checks its header.
+    pub fn attach(spec: &JoinSpec, deadline: Instant) -> Result<Self, ShmError> {
+        let path = spec.dir.join(&spec.name);
+        let shown = path.display().to_string();
+        let mut delay = Duration::from_micros(200);
+        let file = loop {
+            match OpenOptions::new().read(true).write(true).open(&path) {
+                Ok(f) => break f,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    if Instant::now() >= deadline {
+                        return Err(ShmError::Timeout {
+                            what: format!("{shown} to be created by local process 0"),
+                            waited: spec.timeout,
+                        });
+                    }
+                    std::thread::sleep(delay);
+                    delay = (delay * 2).min(Duration::from_millis(20));
+                }
+                Err(e) => return Err(ShmError::io("open", &shown, e)),
+            }
+        };
+        let size = file
+            .metadata()
+            .map_err(|e| ShmError::io("stat", &shown, e))?
+            .len() as usize;
+        if size < size_of::<Control>() {
+            return Err(ShmError::NotASegment {
+                path: shown,
+                why: "too short",
+            });
+        }
+        let map = Mapping::new(Some(&file), size, &shown)?;
+        // SAFETY: the mapping is at least one `Control` long and page-aligned; the header's
+        // fields are plain integers and atomics, valid for any bytes.
+        let h = unsafe { &*map.base.as_ptr().cast::<SegHeader>() };
+        if h.magic.load(Ordering::Acquire) != MAGIC {
+            return Err(ShmError::NotASegment {
+                path: shown,
+                why: "bad magic number",
+            });
+        }
+        // SAFETY: the creator wrote these before publishing the magic (Release, Acquired above).
+        let (version, hash, job, nprocs, geo, total) = unsafe {
+            (
+                addr_of!(h.version).read(),
+                addr_of!(h.layout_hash).read(),
+                addr_of!(h.job_id).read(),
+                addr_of!(h.nprocs).read(),
+                Geometry {
+                    cells_per_proc: addr_of!(h.cells_per_proc).read(),
+                    cell_size: addr_of!(h.cell_size).read(),
+                    fbox_size: addr_of!(h.fbox_size).read(),
+                },
+                addr_of!(h.total_size).read(),
+            )
+        };
+        if version != LAYOUT_VERSION || hash != LAYOUT_HASH {
+            return Err(ShmError::LayoutMismatch {
+                path: shown,
+                ours_version: LAYOUT_VERSION,
+                ours_hash: LAYOUT_HASH,
+                theirs_version: version,
+                theirs_hash: hash,
+            });
+        }
+        if job != spec.job_id {
+            return Err(ShmError::WrongJob {
+                path: shown,
+                what: format!("job {job:#018x}, not job {:#018x}", spec.job_id),
+            });
+        }
+        if nprocs != spec.nprocs {
+            return Err(ShmError::WrongJob {
+                path: shown,
+                what: format!("{nprocs} local processes, but this node has {}", spec.nprocs),
+            });
+        }
+        let layout = Layout::new(nprocs, geo)?;
+        if layout.total != size || total as usize != size {
+            return Err(ShmError::NotASegment {
+                path: shown,
+                why: "size does not match its header",
+            });
+        }
+        Ok(Self::from_parts(map, layout, Some(path)))
+    }
+
+    fn from_parts(map: Mapping, layout: Layout, path: Option<PathBuf>) -> Self {
+        let base = map.base.as_ptr();
+        let n = layout.nprocs as usize;
+        // SAFETY: every offset is inside the mapping by construction of the layout.
+        let hot = unsafe {
+            Hot {
+                slots: base.add(layout.procs),
+                nprocs: n,
+                fboxes: base.add(layout.fboxes),
+                fbox_stride: layout.geo.fbox_size as usize,
+                nboxes: if layout.geo.fbox_size == 0 { 0 } else { n * (n - 1) },
+                cells: base.add(layout.cells),
+                cell_stride: layout.geo.cell_size as usize,
+                ncells: layout.total_cells,
+                cell_capacity: layout.geo.cell_capacity(),
+                fbox_capacity: layout.geo.fbox_capacity(),
+            }
+        };
+        Self {
+            map,
+            layout,
+            hot,
+            path,
+            linked: AtomicBool::new(false),
+            me: std::sync::atomic::AtomicU32::new(u32::MAX),
+        }
+    }
+
+    fn control(&self) -> &Control {
+        // SAFETY: the mapping starts with a `Control`, whose fields are valid for any bytes.
+        unsafe { &*self.map.base.as_ptr().cast::<Control>() }
+    }
+
+    fn write_header(&self, job_id: u64, node: u32) {
+        let h: *mut SegHeader = self.map.base.as_ptr().cast();
+        let l = &self.layout;
+        // SAFETY: nobody else can see the segment yet; the fields are in bounds.
+        unsafe {
+            addr_of_mut!((*h).version).write(LAYOUT_VERSION);
+            addr_of_mut!((*h).nprocs).write(l.nprocs);
+            addr_of_mut!((*h).layout_hash).write(LAYOUT_HASH);
+            addr_of_mut!((*h).job_id).write(job_id);
+            addr_of_mut!((*h).total_size).write(l.total as u64);
+            addr_of_mut!((*h).cells_per_proc).write(l.geo.cells_per_proc);
+            addr_of_mut!((*h).cell_size).write(l.geo.cell_size);
+            addr_of_mut!((*h).fbox_size).write(l.geo.fbox_size);
+            addr_of_mut!((*h).node).write(node);
+        }
+        self.control().header.magic.store(MAGIC, Ordering::Release);
+    }
+
+    #[inline(always)]
+    fn slot(&self, p: u32) -> &ProcSlot {
+        let h = &self.hot;
+        if p as usize >= h.nprocs {
+            out_of_range("local process", p as usize, h.nprocs);
+        }
+        // SAFETY: in bounds by the check and the layout; a slot is atomics only.
+        unsafe { &*h.slots.add(p as usize * size_of::<ProcSlot>()).cast::<ProcSlot>() }
+    }
+
+    /// Publishes our pid as local process `local`.
+    pub fn register(&self, local: u32) {
+        let info = &self.slot(local).info;
+        info.pid.store(std::process::id(), Ordering::Relaxed);
+        info.state.store(ATTACHED, Ordering::Release);
+        self.me.store(local, Ordering::Relaxed);
+    }
+
+    /// Waits until every process has arrived, failing if one died or time ran out.
+    pub fn barrier(&self, deadline: Instant, timeout: Duration) -> Result<(), ShmError> {
+        let n = self.layout.nprocs;
+        let count = &self.control().barrier;
+        count.fetch_add(1, Ordering::AcqRel);
+        let mut delay = Duration::from_micros(20);
+        loop {
+            if count.load(Ordering::Acquire) >= n {
+                return Ok(());
+            }
+            for p in 0..n {
+                if let PeerState::Dead { pid } = self.peer_state(p) {
+                    return Err(ShmError::PeerDied { local: p, pid });
+                }
+            }
+            if Instant::now() >= deadline {
+                let missing: Vec<u32> = (0..n)
+                    .filter(|&p| self.peer_state(p) == PeerState::Absent)
+                    .collect();
+                return Err(ShmError::Timeout {
+                    what: format!("local processes {missing:?} to attach to the segment"),
+                    waited: timeout,
+                });
+            }
+            std::thread::sleep(delay);
+            delay = (delay * 2).min(Duration::from_millis(2));
+        }
+    }
+
+    /// Removes the file's name; the mapping stays. Only the creator's call does anything.
+    pub fn unlink(&self) -> Result<(), ShmError> {
+        if let Some(p) = &self.path {
+            if self.linked.swap(false, Ordering::AcqRel) {
+                std::fs::remove_file(p).map_err(|e| ShmError::io("unlink", p.display(), e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// What is known of local process `p`.
+    pub fn peer_state(&self, p: u32) -> PeerState {
+        let info = &self.slot(p).info;
+        match info.state.load(Ordering::Acquire) {
+            ABSENT => PeerState::Absent,
+            LEFT => PeerState::Left,
+            _ => {
+                let pid = info.pid.load(Ordering::Relaxed);
+                // SAFETY: signal 0 only checks that the process exists.
+                let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
+                if rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM) {
+                    PeerState::Alive { pid }
+                } else {
+                    PeerState::Dead { pid }
+                }
+            }
+        }
+    }
+
+    /// The file, for named segments.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// Bytes mapped.
+    pub fn size_bytes(&self) -> usize {
+        self.layout.total
+    }
+
+    /// The geometry in force (the creator's).
+    pub fn geometry(&self) -> Geometry {
+        self.layout.geo
+    }
+
+    /// Cache lines reserved for measuring the raw line-transfer time between two
+    /// processes, next to which message latencies are reported.
+    pub fn probe_lines(&self) -> [&AtomicU64; 2] {
+        let p = &self.control().probe;
+        [&p[0], &p[1]]
+    }
+
+    #[inline(always)]
+    fn cell_ptr(&self, handle: u32) -> *mut CellHeader {
+        let h = &self.hot;
+        let i = (handle as usize).wrapping_sub(1);
+        if i >= h.ncells {
+            out_of_range("cell index", i, h.ncells);
+        }
+        // SAFETY: in bounds by the check and the layout.
+        unsafe { h.cells.add(i * h.cell_stride).cast() }
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        let me = self.me.load(Ordering::Relaxed);
+        if me != u32::MAX {
+            self.slot(me).info.state.store(LEFT, Ordering::Release);
+        }
+        // A creator that never reached the barrier leaves no file behind.
+        let _ = self.unlink();
+    }
+}
+
+/// Removes a file on drop unless disarmed.
+struct Unlinker(Option<PathBuf>);
+impl Drop for Unlinker {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+fn free_bytes(dir: &Path) -> Option<u64> {
+    let c = CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: all-zero bytes are a valid statvfs.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid C string and `st` a valid out-pointer.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+fn no_space(dir: &Path, needed: u64, available: u64, geo: Geometry) -> ShmError {
+    ShmError::NoSpace {
+        dir: dir.display().to_string(),
+        needed: Bytes(needed),
+        available: Bytes(available),
+        shortfall: Bytes(needed.saturating_sub(available)),
+        cells: geo.cells_per_proc,
+        cell_size: geo.cell_size,
+        fbox_size: geo.fbox_size,
+    }
+}
+
+impl Links for Segment {
+    #[inline(always)]
+    fn link(&self, handle: u32) -> &AtomicU32 {
+        // SAFETY: `cell_ptr` checked the handle; `next` is an atomic valid for any bytes.
+        unsafe { &(*self.cell_ptr(handle)).next }
+    }
+}
+
+/// A fastbox of a [`Segment`].
+#[derive(Debug, Clone, Copy)]
+pub struct SegFbox<'a> {
+    head: *mut FboxHead,
+    cap: usize,
+    _seg: PhantomData<&'a Segment>,
+}
+
+impl<'a> FboxAccess<'a> for SegFbox<'a> {
+    #[inline(always)]
+    fn seq(self) -> &'a AtomicU64 {
+        // SAFETY: the head lies inside the segment, which outlives 'a.
+        unsafe { &(*self.head).seq }
+    }
+    #[inline(always)]
+    fn ack(self) -> &'a AtomicU64 {
+        // SAFETY: as above.
+        unsafe { &(*self.head).ack }
+    }
+    #[inline(always)]
+    unsafe fn write(self, env: &Envelope, payload: &[&[u8]], len: usize) {
+        let h = self.head;
+        // SAFETY: the caller is the only writer now and `len` fits after the header.
+        unsafe {
+            addr_of_mut!((*h).len).write(len as u32);
+            addr_of_mut!((*h).env).write(*env);
+            gather(h.cast::<u8>().add(FBOX_HEADER as usize), payload);
+        }
+    }
+    #[inline(always)]
+    unsafe fn read<R>(self, f: impl FnOnce(&Envelope, &[u8]) -> R) -> R {
+        let h = self.head;
+        // SAFETY: the caller acquired the message; the sender leaves it alone until acked.
+        // The length is clamped to the box, so a corrupt one cannot reach past it.
+        unsafe {
+            let env = addr_of!((*h).env).read();
+            let len = (addr_of!((*h).len).read() as usize).min(self.cap);
+            let data = core::slice::from_raw_parts(h.cast::<u8>().add(FBOX_HEADER as usize), len);
+            f(&env, data)
+        }
+    }
+}
+
+/// A cell of a [`Segment`].
+#[derive(Debug, Clone, Copy)]
+pub struct SegCell<'a> {
+    cell: *mut CellHeader,
+    cap: usize,
+    _seg: PhantomData<&'a Segment>,
+}
+
+impl<'a> CellAccess<'a> for SegCell<'a> {
+    #[inline(always)]
+    unsafe fn write(self, meta: &CellMeta, payload: &[&[u8]]) {
+        let c = self.cell;
+        // SAFETY: the caller owns the cell and `meta.len` fits its payload area.
+        unsafe {
+            addr_of_mut!((*c).src).write(meta.src);
+            addr_of_mut!((*c).dest).write(meta.dest);
+            addr_of_mut!((*c).len).write(meta.len);
+            addr_of_mut!((*c).seq).write(meta.seq);
+            addr_of_mut!((*c).env).write(meta.env);
+            gather(c.cast::<u8>().add(CELL_HEADER as usize), payload);
+        }
+    }
+    #[inline(always)]
+    unsafe fn meta(self) -> CellMeta {
+        let c = self.cell;
+        // SAFETY: the cell was published to the caller and nobody writes it meanwhile.
+        unsafe {
+            CellMeta {
+                src: addr_of!((*c).src).read(),
+                dest: addr_of!((*c).dest).read(),
+                len: addr_of!((*c).len).read(),
+                seq: addr_of!((*c).seq).read(),
+                env: addr_of!((*c).env).read(),
+            }
+        }
+    }
+    #[inline(always)]
+    unsafe fn read<R>(self, len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
+        // SAFETY: as for `meta`; the slice stays inside the cell.
+        let data = unsafe {
+            core::slice::from_raw_parts(
+                self.cell.cast::<u8>().add(CELL_HEADER as usize),
+                len.min(self.cap),
+            )
+        };
+        f(data)
+    }
+}
+
+/// Names a process's slot in a [`Segment`].
+#[derive(Debug, Clone, Copy)]
+pub struct SlotKey(NonNull<ProcSlot>);
+// SAFETY: an address into shared memory; using it requires the segment (see Region).
+unsafe impl Send for SlotKey {}
+// SAFETY: as above.
+unsafe impl Sync for SlotKey {}
+
+/// Names a fastbox in a [`Segment`].
+#[derive(Debug, Clone, Copy)]
+pub struct FboxKey(NonNull<FboxHead>);
+// SAFETY: an address into shared memory; using it requires the segment (see Region).
+unsafe impl Send for FboxKey {}
+// SAFETY: as above.
+unsafe impl Sync for FboxKey {}
+
+impl Region for Segment {
+    type Fbox<'a> = SegFbox<'a>;
+    type Cell<'a> = SegCell<'a>;
+    type ProcKey = SlotKey;
+    type FboxKey = FboxKey;
+
+    #[inline(always)]
+    fn nprocs(&self) -> u32 {
+        self.layout.nprocs
+    }
+    #[inline(always)]
+    fn cells_per_proc(&self) -> u32 {
+        self.layout.geo.cells_per_proc
+    }
+    #[inline(always)]
+    fn cell_capacity(&self) -> usize {
+        self.hot.cell_capacity
+    }
+    #[inline(always)]
+    fn fbox_capacity(&self) -> usize {
+        self.hot.fbox_capacity
+    }
+    fn proc_key(&self, p: u32) -> SlotKey {
+        SlotKey(NonNull::from(self.slot(p)))
+    }
+    fn fbox_key(&self, from: u32, to: u32) -> FboxKey {
+        let h = &self.hot;
+        let n = h.nprocs as u32;
+        assert!(
+            from != to && from < n && to < n,
+            "no fastbox from {from} to {to} of {n}"
+        );
+        let index = crate::region::fbox_index(n, from, to);
+        if index >= h.nboxes {
+            out_of_range("fastbox", index, h.nboxes);
+        }
+        // SAFETY: in bounds by the check and the layout.
+        let head = unsafe { h.fboxes.add(index * h.fbox_stride).cast() };
+        FboxKey(NonNull::new(head).expect("mapping is not null"))
+    }
+    #[inline(always)]
+    unsafe fn recv_queue_of(&self, k: SlotKey) -> &QueueShared {
+        // SAFETY: the caller passes a key of this segment, which outlives the borrow.
+        unsafe { &k.0.as_ref().recv }
+    }
+    #[inline(always)]
+    unsafe fn free_queue_of(&self, k: SlotKey) -> &QueueShared {
+        // SAFETY: as above.
+        unsafe { &k.0.as_ref().free }
+    }
+    #[inline(always)]
+    unsafe fn doorbell_of(&self, k: SlotKey) -> &Doorbell {
+        // SAFETY: as above.
+        unsafe { &k.0.as_ref().bell }
+    }
+    #[inline(always)]
+    unsafe fn fbox_of(&self, k: FboxKey) -> SegFbox<'_> {
+        SegFbox {
+            head: k.0.as_ptr(),
+            cap: self.hot.fbox_capacity,
+            _seg: PhantomData,
+        }
+    }
+    #[inline(always)]
+    fn cell(&self, handle: u32) -> SegCell<'_> {
+        SegCell {
+            cell: self.cell_ptr(handle),
+            cap: self.hot.cell_capacity,
+            _seg: PhantomData,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::port::Port;
+    use std::sync::Arc;
+
+    fn spec(dir: &Path, nprocs: u32) -> JoinSpec {
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let job = 0xfeed_0000_0000 + std::process::id() as u64 * 1000 + N.fetch_add(1, Ordering::Relaxed);
+        JoinSpec {
+            dir: dir.to_path_buf(),
+            name: crate::config::segment_name(job, 0),
+            job_id: job,
+            node: 0,
+            nprocs,
+            geometry: Geometry::default(),
+            timeout: Duration::from_secs(10),
+        }
+    }
+
+    fn tmpdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("nemesis-shm-test-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn join_unlinks_and_sets_mode_0600() {
+        let dir = tmpdir("join");
+        let s = spec(&dir, 2);
+        let s2 = s.clone();
+        let other = std::thread::spawn(move || Segment::join(&s2, 1).map(|seg| seg.size_bytes()));
+        // Check the file while it exists: process 0 creates it, the barrier holds it.
+        let creator = Segment::create(&s).unwrap();
+        let meta = std::fs::metadata(dir.join(&s.name)).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        creator.register(0);
+        creator.barrier(Instant::now() + s.timeout, s.timeout).unwrap();
+        creator.unlink().unwrap();
+        assert_eq!(other.join().unwrap().unwrap(), creator.size_bytes());
+        assert!(!dir.join(&s.name).exists());
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            0,
+            "no temporary left over"
+        );
+    }
+
+    #[test]
+    fn attach_refuses_another_layout() {
+        use std::os::unix::fs::FileExt;
+        let dir = tmpdir("layout");
+        let s = spec(&dir, 2);
+        let _creator = Segment::create(&s).unwrap();
+        // A build whose layout differs would have written another hash.
+        let f = OpenOptions::new().write(true).open(dir.join(&s.name)).unwrap();
+        f.write_all_at(
+            &0xdead_beefu64.to_le_bytes(),
+            offset_of!(SegHeader, layout_hash) as u64,
+        )
+        .unwrap();
+        let err = Segment::attach(&s, Instant::now() + s.timeout).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ShmError::LayoutMismatch {
+                    theirs_hash: 0xdead_beef,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("same nemesis build"));
+    }
+
+    #[test]
+    fn attach_refuses_other_jobs_and_garbage() {
+        let dir = tmpdir("job");
+        let s = spec(&dir, 2);
+        let _creator = Segment::create(&s).unwrap();
+        let mut wrong = s.clone();
+        wrong.job_id ^= 1;
+        let err = Segment::attach(&wrong, Instant::now() + s.timeout).unwrap_err();
+        assert!(matches!(err, ShmError::WrongJob { .. }), "{err}");
+        let mut count = s.clone();
+        count.nprocs = 3;
+        assert!(matches!(
+            Segment::attach(&count, Instant::now()).unwrap_err(),
+            ShmError::WrongJob { .. }
+        ));
+        std::fs::write(dir.join("garbage"), vec![7u8; 4096]).unwrap();
+        let mut g = s.clone();
+        g.name = "garbage".into();
+        assert!(matches!(
+            Segment::attach(&g, Instant::now()).unwrap_err(),
+            ShmError::NotASegment { .. }
+        ));
+    }
+
+    #[test]
+    fn attach_times_out_when_nobody_creates() {
+        let dir = tmpdir("timeout");
+        let mut s = spec(&dir, 2);
+        s.timeout = Duration::from_millis(50);
+        let err = Segment::join(&s, 1).unwrap_err();
+        assert!(matches!(err, ShmError::Timeout { .. }), "{err}");
+        assert!(err.to_string().contains("NEMESIS_STARTUP_TIMEOUT"));
+    }
+
+    #[test]
+    fn barrier_times_out_naming_the_missing_and_leaves_no_file() {
+        let dir = tmpdir("barrier");
+        let mut s = spec(&dir, 3);
+        s.timeout = Duration::from_millis(100);
+        let err = Segment::join(&s, 0).unwrap_err();
+        assert!(err.to_string().contains("[1, 2]"), "{err}");
+        assert!(!dir.join(&s.name).exists());
+    }
+
+    #[test]
+    fn too_little_space_is_reported_up_front() {
+        let dir = tmpdir("space");
+        let mut s = spec(&dir, 64);
+        s.geometry = Geometry {
+            cells_per_proc: 1 << 20,
+            cell_size: 16 << 20,
+            fbox_size: 1152,
+        };
+        let err = Segment::create(&s).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            matches!(err, ShmError::NoSpace { .. } | ShmError::Config { .. }),
+            "{msg}"
+        );
+        assert!(msg.contains("NEMESIS_CELLS"), "{msg}");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn anonymous_segment_carries_messages_between_threads() {
+        let seg = Arc::new(Segment::anonymous(2, Geometry::default()).unwrap());
+        let mut a = Port::new(seg.clone(), 0);
+        let mut b = Port::new(seg, 1);
+        let big = vec![3u8; 5000];
+        a.try_send(1, &[1, 2], &[b"hello"], 5).unwrap();
+        a.try_send(1, &[3, 4], &[&big], big.len()).unwrap();
+        let t = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            while got.len() < 2 {
+                b.poll(|s, env, d| got.push((s, *env, d.to_vec()))).unwrap();
+            }
+            got
+        });
+        let got = t.join().unwrap();
+        assert_eq!(got[0], (0, [1, 2], b"hello".to_vec()));
+        assert_eq!(got[1].2, big);
+    }
+
+    #[test]
+    fn default_memory_for_64_processes() {
+        let bytes = Segment::bytes_for(64, Geometry::default()).unwrap();
+        // Cells dominate: 64 x 64 x 8 KiB, plus 64 x 63 fastboxes of 1152 bytes.
+        assert_eq!(
+            bytes,
+            (512 + 64 * 512 + 64 * 63 * 1152usize).next_multiple_of(4096) + 64 * 64 * 8192
+        );
+    }
+}

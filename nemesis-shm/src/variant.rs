@@ -1,0 +1,98 @@
+//! Compile-time knobs of the lock-free protocols.
+//!
+//! Production code always uses [`Sound`]. The loom models also instantiate the same code
+//! with deliberately broken variants, to show that each model can fail: a model that
+//! passes on broken code proves nothing.
+
+use crate::sync::Ordering;
+
+/// The orderings and steps that the protocols' correctness rests on.
+pub trait Variant: 'static {
+    /// Store of a queue link `prev.next = e` by a producer.
+    const LINK_STORE: Ordering = Ordering::Release;
+    /// Store of `head = e` by a producer that found the queue empty.
+    const HEAD_STORE: Ordering = Ordering::Release;
+    /// The producers' swap on the tail.
+    const TAIL_SWAP: Ordering = Ordering::AcqRel;
+    /// Whether the consumer CASes the tail before treating the last element as last.
+    const TAIL_CAS: bool = true;
+    /// Store of a fastbox's sequence word, which publishes its contents.
+    const FBOX_PUBLISH: Ordering = Ordering::Release;
+    /// Whether the receiver holds back a queue cell until its per-pair sequence is due.
+    const SEQ_CHECK: bool = true;
+    /// Whether a sleeper looks for work again after announcing that it sleeps.
+    const WAKE_RECHECK: bool = true;
+}
+
+/// The correct protocol.
+#[derive(Debug)]
+pub enum Sound {}
+impl Variant for Sound {}
+
+/// Broken: a producer links a new cell with a Relaxed store, so the consumer may read
+/// the cell before its contents.
+#[cfg(loom)]
+#[derive(Debug)]
+pub enum RelaxedLink {}
+#[cfg(loom)]
+impl Variant for RelaxedLink {
+    const LINK_STORE: Ordering = Ordering::Relaxed;
+}
+
+/// Broken: the empty-to-non-empty transition publishes `head` with a Relaxed store.
+#[cfg(loom)]
+#[derive(Debug)]
+pub enum RelaxedHead {}
+#[cfg(loom)]
+impl Variant for RelaxedHead {
+    const HEAD_STORE: Ordering = Ordering::Relaxed;
+}
+
+/// Broken: the consumer takes the apparent last element without the CAS on the tail,
+/// so it loses the race with a producer's swap.
+#[cfg(loom)]
+#[derive(Debug)]
+pub enum NoTailCas {}
+#[cfg(loom)]
+impl Variant for NoTailCas {
+    const TAIL_CAS: bool = false;
+}
+
+/// Broken: every queue publication is Relaxed, so a freed cell can be reused while its
+/// previous reader still reads it.
+#[cfg(loom)]
+#[derive(Debug)]
+pub enum RelaxedQueue {}
+#[cfg(loom)]
+impl Variant for RelaxedQueue {
+    const LINK_STORE: Ordering = Ordering::Relaxed;
+    const HEAD_STORE: Ordering = Ordering::Relaxed;
+    const TAIL_SWAP: Ordering = Ordering::Relaxed;
+}
+
+/// Broken: the fastbox sequence word is stored Relaxed.
+#[cfg(loom)]
+#[derive(Debug)]
+pub enum RelaxedFbox {}
+#[cfg(loom)]
+impl Variant for RelaxedFbox {
+    const FBOX_PUBLISH: Ordering = Ordering::Relaxed;
+}
+
+/// Broken: queue cells are delivered without waiting for an earlier fastbox message.
+#[cfg(loom)]
+#[derive(Debug)]
+pub enum NoSeqCheck {}
+#[cfg(loom)]
+impl Variant for NoSeqCheck {
+    const SEQ_CHECK: bool = false;
+}
+
+/// Broken: the sleeper goes to sleep without looking for work after announcing it.
+#[cfg(loom)]
+#[derive(Debug)]
+pub enum NoWakeRecheck {}
+#[cfg(loom)]
+impl Variant for NoWakeRecheck {
+    const WAKE_RECHECK: bool = false;
+}
