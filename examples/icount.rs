@@ -1,0 +1,62 @@
+//! The harness of `scripts/icount.sh`: repeats one 8-byte channel send plus the matching
+//! receive, with the message already arrived, inside one function that callgrind counts.
+//!
+//! Both ends live in this process, on one anonymous segment, so nothing spins or waits
+//! and the count is the same on every run.
+
+use nemesis::shm::region::copy_into;
+use nemesis::shm::{Geometry, Segment};
+use nemesis::{Channel, Header, ShmChannel, WaitPolicy};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One 8-byte send from `a` to `b` and its receive into `into`.
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub fn nemesis_icount_channel_op(
+    a: &mut ShmChannel,
+    b: &mut ShmChannel,
+    msg: &[u8; 8],
+    into: &mut [u8; 8],
+) -> usize {
+    let h = Header {
+        tag: 1,
+        ..Header::default()
+    };
+    if a.send_bytes(1, h, msg).is_err() {
+        return 0;
+    }
+    b.poll(|p| {
+        copy_into(into, p.payload);
+    })
+    .unwrap_or(0)
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let what = args.next().unwrap_or_else(|| "channel".into());
+    let ops: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(100_000);
+    if what != "channel" {
+        eprintln!("icount: unknown layer {what:?} (expected: channel)");
+        std::process::exit(2);
+    }
+    let seg = Arc::new(Segment::anonymous(2, Geometry::default()).expect("segment"));
+    let policy = WaitPolicy {
+        spin: 0,
+        yields: 0,
+        slice: Duration::from_millis(1),
+    };
+    let mut a = ShmChannel::from_segment(seg.clone(), 0, 2, &[0, 1], 0, policy).expect("rank 0");
+    let mut b = ShmChannel::from_segment(seg, 1, 2, &[0, 1], 1, policy).expect("rank 1");
+    let msg = 0x0102_0304_0506_0708u64.to_le_bytes();
+    let mut into = [0u8; 8];
+    let mut delivered = 0;
+    for _ in 0..ops {
+        delivered += nemesis_icount_channel_op(&mut a, &mut b, &msg, &mut into);
+    }
+    if delivered as u64 != ops || into != msg {
+        eprintln!("icount: delivered {delivered} of {ops}");
+        std::process::exit(1);
+    }
+    println!("{ops} ops");
+}

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Counts the instructions of one 8-byte send plus its receive, with the message already
+# arrived, with valgrind's callgrind: a figure that does not move with the machine.
+#
+#   scripts/icount.sh channel [OPS]
+#
+# The last line is a JSON object with "instructions_per_op".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+usage() { echo "usage: scripts/icount.sh channel [OPS]" >&2; exit 2; }
+layer=${1:-}
+ops=${2:-100000}
+case "$layer" in
+    channel) fn=nemesis_icount_channel_op ;;
+    -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) usage ;;
+esac
+[[ "$ops" =~ ^[1-9][0-9]*$ ]] || usage
+command -v valgrind >/dev/null || { echo "icount: valgrind is not installed (apt-get install -y valgrind)" >&2; exit 1; }
+
+cargo build --release --quiet --example icount
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+valgrind --tool=callgrind --toggle-collect="$fn" --callgrind-out-file="$out/cg.out" \
+    target/release/examples/icount "$layer" "$ops" >"$out/stdout" 2>"$out/stderr" || {
+    cat "$out/stderr" >&2
+    exit 1
+}
+total=$(awk '/^(summary|totals):/ { t = $2 } END { print t }' "$out/cg.out")
+[ -n "$total" ] || { echo "icount: no totals in the callgrind output" >&2; exit 1; }
+per=$(awk -v t="$total" -v n="$ops" 'BEGIN { printf "%.1f", t / n }')
+echo "$layer: $total instructions in $ops send+receive pairs of 8 bytes"
+printf '{"bench":"icount","layer":"%s","ops":%s,"instructions":%s,"instructions_per_op":%s}\n' \
+    "$layer" "$ops" "$total" "$per"

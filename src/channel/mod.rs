@@ -1,0 +1,256 @@
+//! The channel trait: the one seam that everything above the transports is written
+//! against.
+//!
+//! A channel knows who this process is and how many there are, whether a peer shares the
+//! node, how to send a packet (a 16-byte [`Header`] and a payload) to a peer without
+//! blocking and without dropping it, and how to hand arrived packets upward in place.
+//! The two-sided and one-sided layers use nothing else, so they work over shared memory,
+//! network modules or a test double alike.
+
+mod shm;
+mod wait;
+
+pub use crate::bootstrap::Rank;
+pub use shm::ShmChannel;
+pub use wait::WaitPolicy;
+
+use nemesis_shm::Envelope;
+use std::time::{Duration, Instant};
+
+/// The fixed header of every packet. The channel carries it without interpreting it;
+/// the layers above give the fields their meaning.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Header {
+    /// What the packet is, in the sending layer's terms.
+    pub kind: u16,
+    /// Layer-defined flags.
+    pub flags: u16,
+    /// Matching context (communicator), or any layer-defined word.
+    pub context: u32,
+    /// Message tag, or any layer-defined word.
+    pub tag: i32,
+    /// A spare word.
+    pub aux: u32,
+}
+
+impl Header {
+    /// Packs the header into the transport's 16 bytes.
+    #[inline(always)]
+    pub const fn to_envelope(self) -> Envelope {
+        [
+            self.kind as u64 | (self.flags as u64) << 16 | (self.context as u64) << 32,
+            self.tag as u32 as u64 | (self.aux as u64) << 32,
+        ]
+    }
+
+    /// Unpacks a header packed by [`Header::to_envelope`].
+    #[inline(always)]
+    pub const fn from_envelope(e: &Envelope) -> Self {
+        Self {
+            kind: e[0] as u16,
+            flags: (e[0] >> 16) as u16,
+            context: (e[0] >> 32) as u32,
+            tag: e[1] as u32 as i32,
+            aux: (e[1] >> 32) as u32,
+        }
+    }
+}
+
+/// An arrived packet, lent to the receiver: the payload still lives in the transport's
+/// memory and is released when the sink returns.
+#[derive(Debug, Clone, Copy)]
+pub struct Packet<'a> {
+    /// The sender's rank.
+    pub src: Rank,
+    /// The sender's header.
+    pub header: Header,
+    /// The payload.
+    pub payload: &'a [u8],
+}
+
+/// What became of a send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendStatus {
+    /// The packet is in the transport.
+    Sent,
+    /// The transport had no room: the packet was copied into the destination's pending
+    /// list, which polling drains in order. The caller's buffer is free either way.
+    Queued(SendTicket),
+}
+
+/// Names a queued send, to ask whether it has reached the transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendTicket {
+    pub(crate) peer: u32,
+    pub(crate) n: u64,
+}
+
+/// Why a channel operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ChannelError {
+    /// A rank outside the job.
+    #[error("rank {rank} is out of range: the job has {size} ranks (0 to {})", size.saturating_sub(1))]
+    InvalidRank {
+        /// The rank given.
+        rank: Rank,
+        /// Ranks in the job.
+        size: u32,
+    },
+    /// A payload larger than one packet may carry.
+    #[error(
+        "packet of {len} bytes is larger than the channel's maximum of {max} bytes \
+         (NEMESIS_CELL_SIZE less the cell header); send large messages in pieces"
+    )]
+    PacketTooLarge {
+        /// The payload's length.
+        len: usize,
+        /// The largest payload.
+        max: usize,
+    },
+    /// The peer has died or left.
+    #[error("peer {rank} failed: {reason}")]
+    PeerFailed {
+        /// The peer.
+        rank: Rank,
+        /// What is known.
+        reason: String,
+    },
+    /// A peer on another node, with no network module to reach it.
+    #[error("no route to rank {rank}: it is on another node and no network module is configured")]
+    NoRoute {
+        /// The peer.
+        rank: Rank,
+    },
+    /// A configuration variable is unusable.
+    #[error("invalid {var}={value:?}: {reason}")]
+    Config {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Queued sends did not drain in time.
+    #[error("{pending} queued sends did not reach the transport within {waited:?}")]
+    FlushTimeout {
+        /// Sends still queued.
+        pending: usize,
+        /// How long was waited.
+        waited: Duration,
+    },
+    /// Start-up could not place the process in the job.
+    #[error(transparent)]
+    Boot(#[from] crate::bootstrap::BootError),
+    /// The shared segment could not be made or joined.
+    #[error(transparent)]
+    Shm(#[from] nemesis_shm::ShmError),
+    /// The shared segment holds something no correct peer writes.
+    #[error(transparent)]
+    Corrupt(#[from] nemesis_shm::port::Corrupt),
+}
+
+/// A transport between the ranks of a job.
+pub trait Channel {
+    /// Our rank.
+    fn rank(&self) -> Rank;
+
+    /// Ranks in the job.
+    fn size(&self) -> u32;
+
+    /// Whether `peer` shares our node. False for ranks out of range.
+    fn is_local(&self, peer: Rank) -> bool;
+
+    /// The largest payload of one packet.
+    fn max_payload(&self) -> usize;
+
+    /// Sends `payload`, the concatenation of the slices, to `peer`. Never blocks and
+    /// never drops: when the transport has no room the packet is queued for `peer`, and
+    /// traffic to other peers is not held up by it.
+    fn send(&mut self, peer: Rank, header: Header, payload: &[&[u8]]) -> Result<SendStatus, ChannelError>;
+
+    /// Whether a queued send has reached the transport.
+    fn is_sent(&self, ticket: SendTicket) -> bool;
+
+    /// Sends still queued.
+    fn pending(&self) -> usize;
+
+    /// Makes progress: moves queued sends on, and hands every arrived packet to `sink` in
+    /// place. Returns how many packets it handed up.
+    fn poll<F: FnMut(Packet<'_>)>(&mut self, sink: F) -> Result<usize, ChannelError>;
+
+    /// Waits until a poll may find something, or `timeout` passes: first spinning, then
+    /// yielding, then asleep until a peer rings. May return early.
+    fn wait(&mut self, timeout: Option<Duration>) -> Result<(), ChannelError>;
+
+    /// Fails if `peer` is known to have died or left.
+    fn check_peer(&self, peer: Rank) -> Result<(), ChannelError>;
+
+    /// Sends one contiguous payload.
+    #[inline]
+    fn send_bytes(&mut self, peer: Rank, header: Header, payload: &[u8]) -> Result<SendStatus, ChannelError> {
+        self.send(peer, header, &[payload])
+    }
+
+    /// Polls until at least one packet arrived or `timeout` passed; returns how many.
+    fn poll_wait<F: FnMut(Packet<'_>)>(
+        &mut self,
+        mut sink: F,
+        timeout: Option<Duration>,
+    ) -> Result<usize, ChannelError> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let n = self.poll(&mut sink)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            let left = match deadline {
+                None => None,
+                Some(d) => match d.checked_duration_since(Instant::now()) {
+                    Some(left) if !left.is_zero() => Some(left),
+                    _ => return Ok(0),
+                },
+            };
+            self.wait(left)?;
+        }
+    }
+
+    /// Drives progress until every queued send has reached the transport.
+    fn flush(&mut self, timeout: Duration) -> Result<(), ChannelError> {
+        let deadline = Instant::now() + timeout;
+        while self.pending() > 0 {
+            self.poll(|_| {})?;
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(ChannelError::FlushTimeout {
+                    pending: self.pending(),
+                    waited: timeout,
+                });
+            }
+            self.wait(Some(deadline - now))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trips() {
+        let h = Header {
+            kind: 0xabcd,
+            flags: 0x1234,
+            context: 0xdead_beef,
+            tag: -7,
+            aux: u32::MAX,
+        };
+        assert_eq!(Header::from_envelope(&h.to_envelope()), h);
+        assert_eq!(
+            Header::from_envelope(&Header::default().to_envelope()),
+            Header::default()
+        );
+    }
+}

@@ -1,0 +1,567 @@
+//! The channel to peers on this node, over the node's shared segment.
+
+use super::wait::{WaitPolicy, usable_cpus};
+use super::{Channel, ChannelError, Header, Packet, Rank, SendStatus, SendTicket};
+use crate::bootstrap::BootInfo;
+use nemesis_shm::config::{segment_name, shm_dir};
+use nemesis_shm::{Envelope, Geometry, JoinSpec, PeerState, Port, Segment};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// In `local_of`: a rank on another node.
+const NOT_LOCAL: u32 = u32::MAX;
+/// In `local_of`: our own rank. Both sentinels are above every local index, so one
+/// comparison finds the ranks that the port can send to.
+const SELF: u32 = u32::MAX - 1;
+
+/// A packet waiting in a destination's pending list.
+#[derive(Debug)]
+struct Queued {
+    env: Envelope,
+    data: Vec<u8>,
+}
+
+/// The channel over shared memory. Every peer it serves is on this node; sending to a
+/// rank on another node fails with [`ChannelError::NoRoute`].
+#[derive(Debug)]
+pub struct ShmChannel {
+    port: Port<Segment>,
+    rank: Rank,
+    size: u32,
+    /// Rank to local index, or `SELF` or `NOT_LOCAL`.
+    local_of: Vec<u32>,
+    /// Local index to rank.
+    rank_of: Vec<Rank>,
+    /// Packets waiting for room, per local destination, in order.
+    pending: Vec<VecDeque<Queued>>,
+    /// Local destinations whose pending list is not empty.
+    pending_peers: Vec<u32>,
+    pending_count: usize,
+    /// Packets ever queued and ever moved on, per local destination; tickets count these.
+    queued_total: Vec<u64>,
+    moved_total: Vec<u64>,
+    /// Packets to ourselves.
+    loopback: VecDeque<(Header, Vec<u8>)>,
+    policy: WaitPolicy,
+    max_payload: usize,
+}
+
+impl ShmChannel {
+    /// Joins the job described by the environment (see [`BootInfo::from_env`]).
+    pub fn init() -> Result<Self, ChannelError> {
+        Self::from_boot(&BootInfo::from_env()?)
+    }
+
+    /// Joins the node's segment as described by `boot`: node-local process 0 creates
+    /// it, the others attach, and it is unlinked once all have.
+    pub fn from_boot(boot: &BootInfo) -> Result<Self, ChannelError> {
+        let geometry = Geometry::from_env()?;
+        let nlocal = boot.local_ranks.len() as u32;
+        let seg = if nlocal == 1 {
+            Segment::anonymous(1, geometry)?
+        } else {
+            let spec = JoinSpec {
+                dir: shm_dir(),
+                name: segment_name(boot.job_id, boot.node()),
+                job_id: boot.job_id,
+                node: boot.node(),
+                nprocs: nlocal,
+                geometry,
+                timeout: boot.startup_timeout,
+            };
+            Segment::join(&spec, boot.local_index)?
+        };
+        let policy = WaitPolicy::from_env(nlocal, usable_cpus())?;
+        Self::from_segment(
+            Arc::new(seg),
+            boot.rank,
+            boot.size,
+            &boot.local_ranks,
+            boot.local_index,
+            policy,
+        )
+    }
+
+    /// A channel over an existing segment, as the process at `local_index` among
+    /// `local_ranks` (the ranks that share the segment, in segment order).
+    pub fn from_segment(
+        seg: Arc<Segment>,
+        rank: Rank,
+        size: u32,
+        local_ranks: &[Rank],
+        local_index: u32,
+        policy: WaitPolicy,
+    ) -> Result<Self, ChannelError> {
+        use nemesis_shm::Region;
+        let bad = |reason: String| ChannelError::Config {
+            var: "local ranks",
+            value: format!("{local_ranks:?} (rank {rank}, index {local_index})"),
+            reason,
+        };
+        if local_ranks.len() as u32 != seg.nprocs() {
+            return Err(bad(format!("the segment serves {} processes", seg.nprocs())));
+        }
+        if local_ranks.get(local_index as usize) != Some(&rank) || rank >= size {
+            return Err(bad("our rank is not at our local index".into()));
+        }
+        let mut local_of = vec![NOT_LOCAL; size as usize];
+        for (i, &r) in local_ranks.iter().enumerate() {
+            match local_of.get_mut(r as usize) {
+                Some(slot) if *slot == NOT_LOCAL => *slot = i as u32,
+                _ => return Err(bad(format!("rank {r} is out of range or listed twice"))),
+            }
+        }
+        local_of[rank as usize] = SELF;
+        let n = local_ranks.len();
+        let port = Port::new(seg, local_index);
+        let max_payload = port.max_payload();
+        Ok(Self {
+            port,
+            rank,
+            size,
+            local_of,
+            rank_of: local_ranks.to_vec(),
+            pending: (0..n).map(|_| VecDeque::new()).collect(),
+            pending_peers: Vec::new(),
+            pending_count: 0,
+            queued_total: vec![0; n],
+            moved_total: vec![0; n],
+            loopback: VecDeque::new(),
+            policy,
+            max_payload,
+        })
+    }
+
+    /// The segment, for diagnostics and the placement probe.
+    pub fn segment(&self) -> &Arc<Segment> {
+        self.port.region()
+    }
+
+    /// The waiting strategy in force.
+    pub fn wait_policy(&self) -> WaitPolicy {
+        self.policy
+    }
+
+    /// Replaces the waiting strategy.
+    pub fn set_wait_policy(&mut self, policy: WaitPolicy) {
+        self.policy = policy;
+    }
+
+    /// Whether a poll would find something.
+    #[inline]
+    pub fn ready(&self) -> bool {
+        !self.loopback.is_empty() || self.port.has_work()
+    }
+
+    /// Everything [`Channel::send`] does besides a fastbox: checks, loopback, cells,
+    /// and the pending list.
+    #[inline(never)]
+    fn send_slow(
+        &mut self,
+        peer: Rank,
+        header: Header,
+        env: Envelope,
+        payload: &[&[u8]],
+        len: usize,
+    ) -> Result<SendStatus, ChannelError> {
+        let Some(&local) = self.local_of.get(peer as usize) else {
+            return Err(ChannelError::InvalidRank {
+                rank: peer,
+                size: self.size,
+            });
+        };
+        if len > self.max_payload {
+            return Err(ChannelError::PacketTooLarge {
+                len,
+                max: self.max_payload,
+            });
+        }
+        match local {
+            SELF => {
+                self.loopback.push_back((header, payload.concat()));
+                Ok(SendStatus::Sent)
+            }
+            NOT_LOCAL => Err(ChannelError::NoRoute { rank: peer }),
+            // SAFETY: any other value is another local process's index.
+            _ if self.pending[local as usize].is_empty()
+                && unsafe { self.port.try_send_unchecked(local, &env, payload, len) }.is_ok() =>
+            {
+                Ok(SendStatus::Sent)
+            }
+            _ => Ok(SendStatus::Queued(self.queue(local, env, payload))),
+        }
+    }
+
+    fn queue(&mut self, local: u32, env: Envelope, payload: &[&[u8]]) -> SendTicket {
+        let l = local as usize;
+        if self.pending[l].is_empty() {
+            self.pending_peers.push(local);
+        }
+        self.pending[l].push_back(Queued {
+            env,
+            data: payload.concat(),
+        });
+        self.pending_count += 1;
+        self.queued_total[l] += 1;
+        SendTicket {
+            peer: local,
+            n: self.queued_total[l],
+        }
+    }
+
+    /// Hands up the packets we sent ourselves.
+    #[inline(never)]
+    fn drain_loopback<F: FnMut(Packet<'_>)>(&mut self, sink: &mut F) -> usize {
+        let mut n = 0;
+        while let Some((header, data)) = self.loopback.pop_front() {
+            sink(Packet {
+                src: self.rank,
+                header,
+                payload: &data,
+            });
+            n += 1;
+        }
+        n
+    }
+
+    /// Moves queued packets into the transport, each destination in order, until a
+    /// destination has no room; one full destination does not hold up the others.
+    #[inline(never)]
+    fn drain_pending(&mut self) {
+        let mut i = 0;
+        while i < self.pending_peers.len() {
+            let local = self.pending_peers[i];
+            let q = &mut self.pending[local as usize];
+            while let Some(m) = q.front() {
+                // SAFETY: only other local processes get pending lists.
+                if unsafe {
+                    self.port
+                        .try_send_unchecked(local, &m.env, &[&m.data], m.data.len())
+                }
+                .is_err()
+                {
+                    break;
+                }
+                q.pop_front();
+                self.pending_count -= 1;
+                self.moved_total[local as usize] += 1;
+            }
+            if q.is_empty() {
+                self.pending_peers.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
+
+impl Channel for ShmChannel {
+    #[inline]
+    fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    #[inline]
+    fn size(&self) -> u32 {
+        self.size
+    }
+
+    #[inline]
+    fn is_local(&self, peer: Rank) -> bool {
+        self.local_of.get(peer as usize).is_some_and(|&l| l != NOT_LOCAL)
+    }
+
+    #[inline]
+    fn max_payload(&self) -> usize {
+        self.max_payload
+    }
+
+    #[inline]
+    fn send(&mut self, peer: Rank, header: Header, payload: &[&[u8]]) -> Result<SendStatus, ChannelError> {
+        let len = match payload {
+            [one] => one.len(),
+            many => many.iter().map(|p| p.len()).sum(),
+        };
+        let env = header.to_envelope();
+        if let Some(&local) = self.local_of.get(peer as usize)
+            && local < self.rank_of.len() as u32
+            && self.pending_count == 0
+            // SAFETY: `local` is another local process: below the count, and not SELF.
+            && unsafe { self.port.try_fbox_unchecked(local, &env, payload, len) }
+        {
+            return Ok(SendStatus::Sent);
+        }
+        self.send_slow(peer, header, env, payload, len)
+    }
+
+    fn is_sent(&self, ticket: SendTicket) -> bool {
+        self.moved_total
+            .get(ticket.peer as usize)
+            .is_none_or(|&m| m >= ticket.n)
+    }
+
+    fn pending(&self) -> usize {
+        self.pending_count
+    }
+
+    #[inline]
+    fn poll<F: FnMut(Packet<'_>)>(&mut self, mut sink: F) -> Result<usize, ChannelError> {
+        if self.pending_count > 0 {
+            self.drain_pending();
+        }
+        let mut n = 0;
+        if !self.loopback.is_empty() {
+            n += self.drain_loopback(&mut sink);
+        }
+        let rank_of = &self.rank_of;
+        n += self.port.poll(|src, env, payload| {
+            // SAFETY: the port reports sources below its process count, the length of
+            // `rank_of` (checked in `from_segment`).
+            let src = unsafe { *rank_of.get_unchecked(src as usize) };
+            sink(Packet {
+                src,
+                header: Header::from_envelope(env),
+                payload,
+            })
+        })?;
+        Ok(n)
+    }
+
+    fn wait(&mut self, timeout: Option<Duration>) -> Result<(), ChannelError> {
+        let start = Instant::now();
+        for _ in 0..self.policy.spin {
+            if self.ready() {
+                return Ok(());
+            }
+            core::hint::spin_loop();
+        }
+        for _ in 0..self.policy.yields {
+            if self.ready() {
+                return Ok(());
+            }
+            std::thread::yield_now();
+        }
+        let slice = match timeout {
+            None => self.policy.slice,
+            Some(t) => match t.checked_sub(start.elapsed()) {
+                Some(left) if !left.is_zero() => left.min(self.policy.slice),
+                _ => return Ok(()),
+            },
+        };
+        if !self.loopback.is_empty() {
+            return Ok(());
+        }
+        self.port.sleep(Some(slice));
+        Ok(())
+    }
+
+    fn check_peer(&self, peer: Rank) -> Result<(), ChannelError> {
+        let Some(&local) = self.local_of.get(peer as usize) else {
+            return Err(ChannelError::InvalidRank {
+                rank: peer,
+                size: self.size,
+            });
+        };
+        if local == NOT_LOCAL || local == SELF {
+            return Ok(());
+        }
+        match self.segment().peer_state(local) {
+            PeerState::Dead { pid } => Err(ChannelError::PeerFailed {
+                rank: peer,
+                reason: format!("its process (pid {pid}) is gone"),
+            }),
+            PeerState::Left => Err(ChannelError::PeerFailed {
+                rank: peer,
+                reason: "it has left the job".into(),
+            }),
+            PeerState::Absent | PeerState::Alive { .. } => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nemesis_shm::Geometry;
+
+    /// `n` channels on one anonymous segment, as ranks 0..n.
+    pub(crate) fn local_job(n: u32, geo: Geometry) -> Vec<ShmChannel> {
+        let seg = Arc::new(Segment::anonymous(n, geo).unwrap());
+        let ranks: Vec<Rank> = (0..n).collect();
+        let policy = WaitPolicy {
+            spin: 100,
+            yields: 2,
+            slice: Duration::from_millis(50),
+        };
+        (0..n)
+            .map(|i| ShmChannel::from_segment(seg.clone(), i, n, &ranks, i, policy).unwrap())
+            .collect()
+    }
+
+    fn recv_all(ch: &mut ShmChannel) -> Vec<(Rank, Header, Vec<u8>)> {
+        let mut out = Vec::new();
+        ch.poll(|p| out.push((p.src, p.header, p.payload.to_vec())))
+            .unwrap();
+        out
+    }
+
+    fn tag(t: i32) -> Header {
+        Header {
+            tag: t,
+            ..Header::default()
+        }
+    }
+
+    #[test]
+    fn errors_for_bad_rank_and_oversized_packet() {
+        let mut j = local_job(2, Geometry::default());
+        let e = j[0].send_bytes(2, tag(0), b"x").unwrap_err();
+        assert!(matches!(e, ChannelError::InvalidRank { rank: 2, size: 2 }), "{e}");
+        let max = j[0].max_payload();
+        let big = vec![0u8; max + 1];
+        let e = j[0].send_bytes(1, tag(0), &big).unwrap_err();
+        assert!(
+            matches!(e, ChannelError::PacketTooLarge { len, max: m } if len == max + 1 && m == max),
+            "{e}"
+        );
+        assert!(e.to_string().contains("NEMESIS_CELL_SIZE"));
+        assert!(j[0].check_peer(9).is_err());
+        // Nothing was queued or delivered by the failed sends.
+        assert_eq!(j[0].pending(), 0);
+        assert!(recv_all(&mut j[1]).is_empty());
+        // The largest packet is fine.
+        j[0].send_bytes(1, tag(1), &big[..max]).unwrap();
+        assert_eq!(recv_all(&mut j[1])[0].2.len(), max);
+    }
+
+    #[test]
+    fn loopback_and_gather() {
+        let mut j = local_job(2, Geometry::default());
+        assert_eq!(j[1].send(1, tag(5), &[b"he", b"llo"]).unwrap(), SendStatus::Sent);
+        assert!(j[1].ready());
+        assert_eq!(recv_all(&mut j[1]), vec![(1, tag(5), b"hello".to_vec())]);
+        j[0].send(1, tag(6), &[b"wor", b"ld"]).unwrap();
+        assert_eq!(recv_all(&mut j[1]), vec![(0, tag(6), b"world".to_vec())]);
+    }
+
+    #[test]
+    fn queued_sends_drain_in_order_and_tickets_complete() {
+        let geo = Geometry {
+            cells_per_proc: 2,
+            cell_size: 256,
+            fbox_size: 128,
+        };
+        let mut j = local_job(2, geo);
+        let mut tickets = Vec::new();
+        for i in 0..10 {
+            match j[0].send_bytes(1, tag(i), &[i as u8; 100]).unwrap() {
+                SendStatus::Sent => {}
+                SendStatus::Queued(t) => tickets.push(t),
+            }
+        }
+        assert!(
+            !tickets.is_empty(),
+            "two cells and a fastbox cannot hold ten packets"
+        );
+        assert!(tickets.iter().all(|&t| !j[0].is_sent(t)));
+        let mut got = Vec::new();
+        while got.len() < 10 {
+            j[0].poll(|_| {}).unwrap();
+            got.extend(recv_all(&mut j[1]));
+        }
+        assert_eq!(
+            got.iter().map(|m| m.1.tag).collect::<Vec<_>>(),
+            (0..10).collect::<Vec<_>>()
+        );
+        assert!(got.iter().all(|m| m.2 == vec![m.1.tag as u8; 100]));
+        assert!(tickets.iter().all(|&t| j[0].is_sent(t)));
+        assert_eq!(j[0].pending(), 0);
+    }
+
+    #[test]
+    fn a_slow_receiver_does_not_stall_others() {
+        let geo = Geometry {
+            cells_per_proc: 4,
+            cell_size: 256,
+            fbox_size: 0,
+        };
+        let mut j = local_job(3, geo);
+        // Rank 1 never polls; rank 0 keeps sending to it.
+        for i in 0..20 {
+            j[0].send_bytes(1, tag(i), b"to the slow one").unwrap();
+        }
+        assert!(j[0].pending() > 0);
+        for i in 0..20 {
+            assert_eq!(
+                j[0].send_bytes(2, tag(i), b"to the fast one").unwrap(),
+                SendStatus::Sent
+            );
+            j[0].poll(|_| {}).unwrap();
+            assert_eq!(recv_all(&mut j[2]).len(), 1, "message {i} to rank 2 was held up");
+        }
+        // The slow one catches up and gets everything, in order.
+        let mut got = Vec::new();
+        while got.len() < 20 {
+            j[0].poll(|_| {}).unwrap();
+            got.extend(recv_all(&mut j[1]).into_iter().map(|m| m.1.tag));
+        }
+        assert_eq!(got, (0..20).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn flush_times_out_while_the_receiver_is_away() {
+        let geo = Geometry {
+            cells_per_proc: 2,
+            cell_size: 256,
+            fbox_size: 0,
+        };
+        let mut j = local_job(2, geo);
+        for i in 0..5 {
+            j[0].send_bytes(1, tag(i), b"x").unwrap();
+        }
+        let e = j[0].flush(Duration::from_millis(20)).unwrap_err();
+        assert!(matches!(e, ChannelError::FlushTimeout { pending: 3, .. }), "{e}");
+    }
+
+    #[test]
+    fn wait_sleeps_and_a_send_wakes_it() {
+        let mut j = local_job(2, Geometry::default());
+        let mut b = j.pop().unwrap();
+        let mut a = j.pop().unwrap();
+        let t = std::thread::spawn(move || {
+            let mut got = None;
+            while got.is_none() {
+                b.poll_wait(|p| got = Some(p.header.tag), Some(Duration::from_secs(30)))
+                    .unwrap();
+            }
+            got
+        });
+        std::thread::sleep(Duration::from_millis(30));
+        a.send_bytes(1, tag(42), b"").unwrap();
+        assert_eq!(t.join().unwrap(), Some(42));
+    }
+
+    #[test]
+    fn poll_wait_times_out_with_nothing() {
+        let mut j = local_job(2, Geometry::default());
+        assert_eq!(
+            j[0].poll_wait(|_| {}, Some(Duration::from_millis(10))).unwrap(),
+            0
+        );
+    }
+
+    #[test]
+    fn bad_local_rank_lists_are_refused() {
+        let seg = Arc::new(Segment::anonymous(2, Geometry::default()).unwrap());
+        let p = WaitPolicy {
+            spin: 1,
+            yields: 1,
+            slice: Duration::from_millis(1),
+        };
+        assert!(ShmChannel::from_segment(seg.clone(), 0, 2, &[0, 0], 0, p).is_err());
+        assert!(ShmChannel::from_segment(seg.clone(), 0, 2, &[0], 0, p).is_err());
+        assert!(ShmChannel::from_segment(seg.clone(), 1, 2, &[0, 1], 0, p).is_err());
+        assert!(ShmChannel::from_segment(seg, 0, 2, &[0, 5], 0, p).is_err());
+    }
+}

@@ -1,0 +1,604 @@
+//! Measuring the channel between processes, for `nemesis-bench` and the criterion
+//! benches.
+//!
+//! A measurement runs in a pair: this process is rank 0 and starts its partner, rank 1,
+//! by executing its own executable again with [`ROLE_VAR`] set, so no set-up is needed.
+//! Rank 0 drives; the partner obeys control packets. Beside every latency, the same two
+//! processes measure a cache-line ping-pong (the "probe") on a line of the same segment:
+//! the hardware's floor, which makes figures from different placements comparable.
+
+mod clock;
+mod pin;
+mod stats;
+
+pub use clock::Clock;
+pub use pin::{allowed_cpus, pair_cpus, pin_to};
+pub use stats::Summary;
+
+use crate::bootstrap::{BootInfo, Launcher, random_job_id};
+use crate::channel::{Channel, ChannelError, Header, Packet, ShmChannel};
+use crate::launch::{Exit, Job, LaunchError, Spec, Watch};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// Set in a partner's environment to the role it plays: `partner` or `ring`.
+pub const ROLE_VAR: &str = "NEMESIS_MEASURE_ROLE";
+const CPU_VAR: &str = "NEMESIS_MEASURE_CPU";
+const RING_VAR: &str = "NEMESIS_MEASURE_RING";
+
+const KIND_CTRL: u16 = 0xC0;
+const KIND_DATA: u16 = 0xD0;
+const KIND_ACK: u16 = 0xA0;
+const KIND_DONE: u16 = 0xE0;
+
+const OP_ECHO: u32 = 1;
+const OP_PROBE: u32 = 2;
+const OP_SINK: u32 = 3;
+const OP_QUIT: u32 = 4;
+const OP_FLOOR: u32 = 5;
+
+/// Why a measurement failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MeasureError {
+    /// The channel failed.
+    #[error(transparent)]
+    Channel(#[from] ChannelError),
+    /// The partner could not be started.
+    #[error(transparent)]
+    Launch(#[from] LaunchError),
+    /// A partner ended before its time.
+    #[error("partner rank {rank} {exit}")]
+    PartnerDied {
+        /// Its rank.
+        rank: u32,
+        /// How it ended.
+        exit: Exit,
+    },
+    /// A packet broke the measurement protocol.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// Something else.
+    #[error("{0}")]
+    Other(String),
+}
+
+type Result<T> = std::result::Result<T, MeasureError>;
+
+/// If this process was started as a measurement partner, plays its role and exits.
+/// Call it first thing in `main` of any program that uses [`Pair`] or [`ring`].
+pub fn serve_if_partner() {
+    let Ok(role) = std::env::var(ROLE_VAR) else { return };
+    let r = match role.as_str() {
+        "partner" => partner(),
+        "ring" => ring_rank(),
+        other => Err(MeasureError::Other(format!("unknown {ROLE_VAR}={other:?}"))),
+    };
+    match r {
+        Ok(()) => std::process::exit(0),
+        Err(e) => {
+            eprintln!("nemesis measurement {role}: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn ctrl(op: u32) -> Header {
+    Header {
+        kind: KIND_CTRL,
+        aux: op,
+        ..Header::default()
+    }
+}
+
+fn data() -> Header {
+    Header {
+        kind: KIND_DATA,
+        ..Header::default()
+    }
+}
+
+fn args_bytes(a: [u64; 3]) -> [u8; 24] {
+    let mut b = [0u8; 24];
+    for (i, v) in a.iter().enumerate() {
+        b[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+    }
+    b
+}
+
+fn args_of(p: &[u8]) -> Result<[u64; 3]> {
+    if p.len() != 24 {
+        return Err(MeasureError::Protocol(format!(
+            "control packet of {} bytes",
+            p.len()
+        )));
+    }
+    let word = |i: usize| u64::from_le_bytes(p[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+    Ok([word(0), word(1), word(2)])
+}
+
+/// Spins on `poll` until exactly one packet arrives, copying its payload into `buf`.
+/// Calls `alive` now and then, so a dead peer ends the wait.
+#[inline]
+fn spin_recv(
+    ch: &mut ShmChannel,
+    buf: &mut [u8],
+    alive: &mut dyn FnMut() -> Result<()>,
+) -> Result<(Header, usize)> {
+    let mut got: Option<(Header, usize)> = None;
+    let mut extra = 0usize;
+    let mut spins = 0u32;
+    loop {
+        let n = ch.poll(|p: Packet<'_>| {
+            if got.is_some() {
+                extra += 1;
+                return;
+            }
+            let len = p.payload.len().min(buf.len());
+            buf[..len].copy_from_slice(&p.payload[..len]);
+            got = Some((p.header, p.payload.len()));
+        })?;
+        if n > 0 {
+            if extra > 0 {
+                return Err(MeasureError::Protocol(format!(
+                    "{extra} unexpected extra packets"
+                )));
+            }
+            return got.ok_or_else(|| MeasureError::Protocol("no packet".into()));
+        }
+        spins = spins.wrapping_add(1);
+        if spins % (1 << 20) == 0 {
+            alive()?;
+        }
+    }
+}
+
+/// Waits (spin, yield, sleep) until one packet arrives.
+fn blocking_recv(ch: &mut ShmChannel, peers_alive: &mut dyn FnMut() -> Result<()>) -> Result<(Header, u64)> {
+    loop {
+        let mut got = None;
+        ch.poll(|p| {
+            got = Some((
+                p.header,
+                p.payload
+                    .get(..8)
+                    .map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8"))),
+            ))
+        })?;
+        if let Some(g) = got {
+            return Ok(g);
+        }
+        ch.wait(Some(Duration::from_secs(1)))?;
+        if !ch.ready() {
+            peers_alive()?;
+        }
+    }
+}
+
+/// Two processes, this one rank 0, measuring the channel between them.
+#[derive(Debug)]
+pub struct Pair {
+    ch: ShmChannel,
+    job: Option<Job>,
+    clock: Clock,
+    pinned: Option<(usize, usize)>,
+    buf: Vec<u8>,
+}
+
+impl Pair {
+    /// Starts the partner from this executable and joins it. With `pin`, and two CPUs
+    /// to choose from, each side runs on a CPU of its own.
+    pub fn start(pin: bool) -> Result<Self> {
+        let job_id = random_job_id();
+        let pinned = if pin { pair_cpus() } else { None };
+        let exe = std::env::current_exe().map_err(|e| MeasureError::Other(format!("current_exe: {e}")))?;
+        let mut env = vec![(ROLE_VAR.into(), "partner".into())];
+        if let Some((_, c1)) = pinned {
+            env.push((CPU_VAR.into(), c1.to_string().into()));
+        }
+        let spec = Spec {
+            program: exe.into_os_string(),
+            args: Vec::new(),
+            size: 2,
+            ranks: 1..2,
+            job_id,
+            env,
+            label: false,
+        };
+        let job = Job::spawn(&spec)?;
+        if let Some((c0, _)) = pinned {
+            pin_to(c0).map_err(|e| MeasureError::Other(format!("pinning to cpu {c0}: {e}")))?;
+        }
+        let boot = BootInfo {
+            rank: 0,
+            size: 2,
+            job_id,
+            local_ranks: vec![0, 1],
+            local_index: 0,
+            startup_timeout: Duration::from_secs(30),
+            launcher: Launcher::Env,
+        };
+        let ch = ShmChannel::from_boot(&boot)?;
+        let clock = Clock::calibrate();
+        let max = ch.max_payload();
+        Ok(Self {
+            ch,
+            job: Some(job),
+            clock,
+            pinned,
+            buf: vec![0; max.max(24)],
+        })
+    }
+
+    /// The CPUs of rank 0 and rank 1, when pinned.
+    pub fn pinned(&self) -> Option<(usize, usize)> {
+        self.pinned
+    }
+
+    /// The channel to the partner.
+    pub fn channel(&mut self) -> &mut ShmChannel {
+        &mut self.ch
+    }
+
+    /// The clock used for samples.
+    pub fn clock(&self) -> Clock {
+        self.clock
+    }
+
+    fn alive_check(job: &mut Option<Job>) -> impl FnMut() -> Result<()> + '_ {
+        move || match job.as_mut().and_then(|j| j.reap().into_iter().next()) {
+            Some((rank, exit)) => Err(MeasureError::PartnerDied { rank, exit }),
+            None if job.as_ref().is_some_and(|j| j.finished()) => Err(MeasureError::PartnerDied {
+                rank: 1,
+                exit: Exit::Code(0),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Sends a control packet and waits for the partner to acknowledge it.
+    fn command(&mut self, op: u32, args: [u64; 3]) -> Result<()> {
+        self.ch.send_bytes(1, ctrl(op), &args_bytes(args))?;
+        let mut alive = Self::alive_check(&mut self.job);
+        let (h, _) = spin_recv(&mut self.ch, &mut self.buf, &mut alive)?;
+        if h.kind != KIND_ACK || h.aux != op {
+            return Err(MeasureError::Protocol(format!(
+                "expected the ack of op {op}, got {h:?}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// `warmup + iters` ping-pongs of `size` bytes through the channel; pushes the
+    /// round-trip time of each of the last `iters`, in ticks, onto `rtt`.
+    pub fn ping_pong(&mut self, size: usize, iters: u64, warmup: u64, rtt: &mut Vec<u64>) -> Result<()> {
+        if size > self.ch.max_payload() {
+            return Err(MeasureError::Other(format!(
+                "{size} bytes is above the channel's largest packet ({})",
+                self.ch.max_payload()
+            )));
+        }
+        self.command(OP_ECHO, [warmup + iters, 0, 0])?;
+        let msg = vec![0xa5u8; size];
+        let clock = self.clock;
+        let mut alive = Self::alive_check(&mut self.job);
+        for i in 0..warmup + iters {
+            let t0 = clock.now();
+            self.ch.send_bytes(1, data(), &msg)?;
+            let (_, len) = spin_recv(&mut self.ch, &mut self.buf, &mut alive)?;
+            let t1 = clock.now();
+            if len != size {
+                return Err(MeasureError::Protocol(format!(
+                    "echo of {len} bytes, sent {size}"
+                )));
+            }
+            if i >= warmup {
+                rtt.push(t1.wrapping_sub(t0));
+            }
+        }
+        Ok(())
+    }
+
+    /// `iters` ping-pongs of `size` bytes, timed as a whole: for harnesses such as
+    /// criterion that want the total.
+    pub fn round_trips(&mut self, size: usize, iters: u64) -> Result<Duration> {
+        if size > self.ch.max_payload() {
+            return Err(MeasureError::Other(format!(
+                "{size} bytes is above the channel's largest packet"
+            )));
+        }
+        self.command(OP_ECHO, [iters, 0, 0])?;
+        let msg = vec![0xa5u8; size];
+        let mut alive = Self::alive_check(&mut self.job);
+        let start = Instant::now();
+        for _ in 0..iters {
+            self.ch.send_bytes(1, data(), &msg)?;
+            spin_recv(&mut self.ch, &mut self.buf, &mut alive)?;
+        }
+        Ok(start.elapsed())
+    }
+
+    /// `warmup + iters` round trips of one cache line between the two processes, both
+    /// writing it, with nothing else: the placement probe. Pushes round-trip ticks onto
+    /// `rtt`.
+    pub fn probe(&mut self, iters: u64, warmup: u64, rtt: &mut Vec<u64>) -> Result<()> {
+        self.line_ping_pong(OP_PROBE, iters, warmup, rtt)
+    }
+
+    /// As [`Pair::probe`], but each direction has a line of its own, written only by its
+    /// sender: the floor for any transport whose lines have single writers, as this
+    /// one's fastboxes do.
+    pub fn floor(&mut self, iters: u64, warmup: u64, rtt: &mut Vec<u64>) -> Result<()> {
+        self.line_ping_pong(OP_FLOOR, iters, warmup, rtt)
+    }
+
+    fn line_ping_pong(&mut self, op: u32, iters: u64, warmup: u64, rtt: &mut Vec<u64>) -> Result<()> {
+        let seg = self.ch.segment().clone();
+        let [ping_line, pong_line] = seg.probe_lines();
+        let pong_line = if op == OP_PROBE { ping_line } else { pong_line };
+        let base = ping_line
+            .load(Ordering::Acquire)
+            .max(pong_line.load(Ordering::Acquire));
+        self.command(op, [warmup + iters, base, 0])?;
+        let clock = self.clock;
+        let mut alive = Self::alive_check(&mut self.job);
+        for i in 0..warmup + iters {
+            let (ping, pong) = (base + 2 * i + 1, base + 2 * i + 2);
+            let t0 = clock.now();
+            ping_line.store(ping, Ordering::Release);
+            let mut spins = 0u32;
+            while pong_line.load(Ordering::Acquire) != pong {
+                core::hint::spin_loop();
+                spins = spins.wrapping_add(1);
+                if spins % (1 << 22) == 0 {
+                    alive()?;
+                }
+            }
+            let t1 = clock.now();
+            if i >= warmup {
+                rtt.push(t1.wrapping_sub(t0));
+            }
+        }
+        Ok(())
+    }
+
+    /// osu_bw-style streaming: `warmup + iters` windows of `window` messages of `size`
+    /// bytes, each window acknowledged by the partner. Messages above one packet go as
+    /// several packets. Returns the seconds the last `iters` windows took.
+    pub fn stream(&mut self, size: usize, window: u64, iters: u64, warmup: u64) -> Result<f64> {
+        let max = self.ch.max_payload();
+        let pieces = size.div_ceil(max).max(1) as u64;
+        let per_window = window * pieces;
+        self.command(OP_SINK, [(warmup + iters) * per_window, per_window, 0])?;
+        let msg = vec![0x5au8; size];
+        let mut alive = Self::alive_check(&mut self.job);
+        let mut start = Instant::now();
+        for it in 0..warmup + iters {
+            if it == warmup {
+                start = Instant::now();
+            }
+            for _ in 0..window {
+                let mut chunks = msg.chunks(max);
+                let first: &[u8] = chunks.next().unwrap_or(&[]);
+                for piece in std::iter::once(first).chain(chunks) {
+                    while self.ch.pending() > 0 {
+                        self.ch.poll(|_| {})?;
+                    }
+                    self.ch.send_bytes(1, data(), piece)?;
+                }
+            }
+            let (h, _) = spin_recv(&mut self.ch, &mut self.buf, &mut alive)?;
+            if h.kind != KIND_ACK {
+                return Err(MeasureError::Protocol(format!(
+                    "expected a window ack, got {h:?}"
+                )));
+            }
+        }
+        Ok(start.elapsed().as_secs_f64())
+    }
+
+    /// Tells the partner to quit and waits for it.
+    pub fn finish(mut self) -> Result<()> {
+        self.ch.send_bytes(1, ctrl(OP_QUIT), &args_bytes([0; 3]))?;
+        self.ch.flush(Duration::from_secs(10))?;
+        let job = self.job.take().expect("job present until finish");
+        let out = job.watch(Watch {
+            grace: Duration::from_secs(5),
+            timeout: Some(Duration::from_secs(30)),
+            report: None,
+        });
+        match out.first_failure {
+            Some((rank, exit)) => Err(MeasureError::PartnerDied { rank, exit }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The partner's side: obey control packets until told to quit.
+fn partner() -> Result<()> {
+    if let Some(cpu) = std::env::var(CPU_VAR).ok().and_then(|c| c.parse().ok()) {
+        pin_to(cpu).map_err(|e| MeasureError::Other(format!("pinning to cpu {cpu}: {e}")))?;
+    }
+    let mut ch = ShmChannel::init()?;
+    let mut buf = vec![0u8; ch.max_payload().max(24)];
+    // Our parent's death kills us (parent-death signal); nothing else to watch.
+    let mut alive = || Ok(());
+    loop {
+        let (h, len) = spin_recv(&mut ch, &mut buf, &mut alive)?;
+        if h.kind != KIND_CTRL {
+            return Err(MeasureError::Protocol(format!(
+                "expected a control packet, got {h:?}"
+            )));
+        }
+        let [count, arg, _] = args_of(&buf[..len])?;
+        let ack = Header {
+            kind: KIND_ACK,
+            aux: h.aux,
+            ..Header::default()
+        };
+        match h.aux {
+            OP_ECHO => {
+                ch.send_bytes(0, ack, &[])?;
+                for _ in 0..count {
+                    let (h, len) = spin_recv(&mut ch, &mut buf, &mut alive)?;
+                    ch.send_bytes(0, h, &buf[..len])?;
+                }
+            }
+            OP_PROBE | OP_FLOOR => {
+                let seg = ch.segment().clone();
+                let [ping_line, pong_line] = seg.probe_lines();
+                let pong_line = if h.aux == OP_PROBE { ping_line } else { pong_line };
+                ch.send_bytes(0, ack, &[])?;
+                for i in 0..count {
+                    while ping_line.load(Ordering::Acquire) != arg + 2 * i + 1 {
+                        core::hint::spin_loop();
+                    }
+                    pong_line.store(arg + 2 * i + 2, Ordering::Release);
+                }
+            }
+            OP_SINK => {
+                ch.send_bytes(0, ack, &[])?;
+                let (total, per_ack) = (count, arg.max(1));
+                let mut seen = 0u64;
+                while seen < total {
+                    let before = seen;
+                    ch.poll(|p| {
+                        let n = p.payload.len().min(buf.len());
+                        buf[..n].copy_from_slice(&p.payload[..n]);
+                        seen += 1;
+                    })?;
+                    if seen / per_ack > before / per_ack {
+                        ch.send_bytes(0, ack, &[])?;
+                    }
+                }
+            }
+            OP_QUIT => {
+                ch.flush(Duration::from_secs(10))?;
+                return Ok(());
+            }
+            op => return Err(MeasureError::Protocol(format!("unknown op {op}"))),
+        }
+    }
+}
+
+/// The result of a ring run.
+#[derive(Debug, Clone, Copy)]
+pub struct RingResult {
+    /// Processes in the ring.
+    pub procs: u32,
+    /// Hops the token made.
+    pub messages: u64,
+    /// Time from the first send to the last arrival.
+    pub elapsed: Duration,
+}
+
+/// Passes a token `messages` times round a ring of `procs` processes, this one rank 0
+/// and the others started from this executable, each waiting the way the channel's
+/// [`crate::WaitPolicy`] says. Checks that every hop arrives once and in order.
+pub fn ring(procs: u32, messages: u64) -> Result<RingResult> {
+    if procs < 2 {
+        return Err(MeasureError::Other("a ring needs at least 2 processes".into()));
+    }
+    let job_id = random_job_id();
+    let exe = std::env::current_exe().map_err(|e| MeasureError::Other(format!("current_exe: {e}")))?;
+    let spec = Spec {
+        program: exe.into_os_string(),
+        args: Vec::new(),
+        size: procs,
+        ranks: 1..procs,
+        job_id,
+        env: vec![
+            (ROLE_VAR.into(), "ring".into()),
+            (RING_VAR.into(), messages.to_string().into()),
+        ],
+        label: false,
+    };
+    let mut job = Some(Job::spawn(&spec)?);
+    let boot = BootInfo {
+        rank: 0,
+        size: procs,
+        job_id,
+        local_ranks: (0..procs).collect(),
+        local_index: 0,
+        startup_timeout: Duration::from_secs(60),
+        launcher: Launcher::Env,
+    };
+    let mut ch = ShmChannel::from_boot(&boot)?;
+    let elapsed = {
+        let mut alive = Pair::alive_check(&mut job);
+        run_ring(&mut ch, messages, &mut alive)?
+    };
+    let out = job.take().expect("job").watch(Watch {
+        grace: Duration::from_secs(5),
+        timeout: Some(Duration::from_secs(60)),
+        report: None,
+    });
+    if let Some((rank, exit)) = out.first_failure {
+        return Err(MeasureError::PartnerDied { rank, exit });
+    }
+    Ok(RingResult {
+        procs,
+        messages,
+        elapsed,
+    })
+}
+
+fn ring_rank() -> Result<()> {
+    let messages: u64 = std::env::var(RING_VAR)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| MeasureError::Other(format!("{RING_VAR} is not set")))?;
+    let mut ch = ShmChannel::init()?;
+    // Rank 0 is our parent: its death kills us (parent-death signal).
+    run_ring(&mut ch, messages, &mut || Ok(()))?;
+    Ok(())
+}
+
+/// One rank's part of the ring. Hop `h` goes to rank `h % n`; the rank that receives
+/// the last hop tells rank 0. Returns rank 0's elapsed time.
+fn run_ring(ch: &mut ShmChannel, m: u64, alive: &mut dyn FnMut() -> Result<()>) -> Result<Duration> {
+    let (r, n) = (ch.rank() as u64, ch.size() as u64);
+    let mine = if r == 0 {
+        m / n
+    } else {
+        m / n + u64::from(m % n >= r)
+    };
+    let mut next = if r == 0 { n } else { r };
+    let start = Instant::now();
+    if r == 0 && m >= 1 {
+        ch.send_bytes(1, data(), &1u64.to_le_bytes())?;
+    }
+    let mut got = 0;
+    let mut done = r != 0 || m % n == 0;
+    while got < mine || !done {
+        let (h, value) = blocking_recv(ch, alive)?;
+        match h.kind {
+            KIND_DATA => {
+                if value != next {
+                    return Err(MeasureError::Protocol(format!(
+                        "rank {r} got hop {value}, expected {next}"
+                    )));
+                }
+                got += 1;
+                next += n;
+                if value < m {
+                    ch.send_bytes(((value + 1) % n) as u32, data(), &(value + 1).to_le_bytes())?;
+                } else if r != 0 {
+                    ch.send_bytes(
+                        0,
+                        Header {
+                            kind: KIND_DONE,
+                            ..Header::default()
+                        },
+                        &[],
+                    )?;
+                }
+            }
+            KIND_DONE if r == 0 => done = true,
+            _ => return Err(MeasureError::Protocol(format!("rank {r} got {h:?}"))),
+        }
+    }
+    let elapsed = start.elapsed();
+    ch.flush(Duration::from_secs(30))?;
+    Ok(elapsed)
+}
