@@ -1,0 +1,107 @@
+//! The benchmark CLI runs end to end and prints what its documentation promises. No
+//! figure is checked here: speed is for benchmarks, not tests.
+
+use std::process::Command;
+
+const BENCH: &str = env!("CARGO_BIN_EXE_nemesis-bench");
+
+fn json_lines(args: &[&str]) -> Vec<String> {
+    let o = Command::new(BENCH).args(args).output().unwrap();
+    assert!(
+        o.status.success(),
+        "{args:?}: {:?}\n{}\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let lines: Vec<String> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(String::from)
+        .collect();
+    assert!(!lines.is_empty());
+    for l in &lines {
+        assert!(
+            l.starts_with('{') && l.ends_with('}'),
+            "not one JSON object per line: {l}"
+        );
+    }
+    lines
+}
+
+fn has(line: &str, keys: &[&str]) {
+    for k in keys {
+        assert!(line.contains(&format!("\"{k}\":")), "{k} missing from {line}");
+    }
+}
+
+#[test]
+fn latency_json_carries_the_documented_fields() {
+    let lines = json_lines(&[
+        "latency", "--sizes", "0,8", "--iters", "200", "--warmup", "20", "--rounds", "1", "--json",
+    ]);
+    assert_eq!(lines.len(), 2);
+    for l in &lines {
+        assert!(l.contains("\"bench\":\"latency\""));
+        has(
+            l,
+            &["size", "p50_ns", "probe_ns", "ratio", "floor_ns", "placement"],
+        );
+    }
+}
+
+#[test]
+fn stream_ring_and_memory_json() {
+    has(
+        &json_lines(&[
+            "bw", "--sizes", "64,20K", "--iters", "3", "--warmup", "1", "--rounds", "1", "--json",
+        ])[1],
+        &["size", "mb_s", "mib_s"],
+    );
+    has(
+        &json_lines(&[
+            "msgrate", "--sizes", "8", "--iters", "3", "--warmup", "1", "--rounds", "1", "--json",
+        ])[0],
+        &["msgs_per_s"],
+    );
+    has(
+        &json_lines(&["ring", "--procs", "3", "--messages", "100", "--json"])[0],
+        &["procs", "per_hop_ns"],
+    );
+    let mem = json_lines(&["memory", "--procs", "2,64", "--json"]);
+    has(
+        &mem[1],
+        &["segment_bytes", "per_process_bytes", "fastbox_bytes_per_pair"],
+    );
+}
+
+#[test]
+fn tables_without_json_and_help() {
+    let o = Command::new(BENCH)
+        .args(["latency", "--sizes", "8", "--iters", "100", "--rounds", "1"])
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    assert!(String::from_utf8_lossy(&o.stdout).contains("probe ns"));
+    let o = Command::new(BENCH).arg("--help").output().unwrap();
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("latency"));
+}
+
+#[test]
+fn bad_arguments_are_refused() {
+    for args in [
+        &["latency", "--sizes", "8x"][..],
+        &["ring", "--procs", "1"],
+        &["bw", "--window", "0"],
+        &["nonsense"],
+    ] {
+        let o = Command::new(BENCH).args(args).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+    }
+    // A size the channel cannot carry in one packet is an error, not a panic.
+    let o = Command::new(BENCH)
+        .args(["latency", "--sizes", "1M", "--iters", "10", "--rounds", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("largest packet"));
+}

@@ -1,0 +1,508 @@
+//! Multi-process tests: real processes started by `nemesis-run`, talking through the
+//! shared segment, and the faults the launcher must survive.
+//!
+//! Each child role is an ignored test of this binary, which `nemesis-run` starts with
+//! `--exact child_… --ignored`; `NEMESIS_TEST_CHILD` tells it that it is a child.
+
+use nemesis::{Channel, ChannelError, Header, SendStatus, ShmChannel};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const RUN: &str = env!("CARGO_BIN_EXE_nemesis-run");
+
+fn child_args(role: &str) -> Vec<String> {
+    let exe = std::env::current_exe().unwrap().display().to_string();
+    vec![
+        exe,
+        "--exact".into(),
+        format!("child_{role}"),
+        "--ignored".into(),
+        "--nocapture".into(),
+        "--test-threads=1".into(),
+    ]
+}
+
+/// `nemesis-run -n N` of a child role, with a private shared-memory directory.
+fn run(n: u32, role: &str, shm: &Path) -> Command {
+    let mut c = Command::new(RUN);
+    c.args(["-n", &n.to_string(), "--timeout", "300", "--"])
+        .args(child_args(role));
+    c.env("NEMESIS_TEST_CHILD", "1").env("NEMESIS_SHM_DIR", shm);
+    c
+}
+
+fn shm_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("nemesis-mp-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn leftovers(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Children only: fails the child process (not a panic, which libtest would report as
+/// a failed test and exit 101 anyway) with a message.
+fn child_main(f: impl FnOnce() -> Result<(), String>) {
+    if std::env::var_os("NEMESIS_TEST_CHILD").is_none() {
+        return;
+    }
+    if let Err(e) = f() {
+        eprintln!("child error: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// Reads `count` "ready RANK PID" reports from a child's stdout; returns them.
+fn wait_ready(child: &mut Child, count: usize) -> Vec<String> {
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // libtest prints "test child_… ... " without a newline, so the marker may
+        // come in the middle of a line.
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if let Some(at) = line.find("ready ")
+                && tx.send(line[at..].to_string()).is_err()
+            {
+                break;
+            }
+        }
+    });
+    (0..count)
+        .map(|_| {
+            rx.recv_timeout(Duration::from_secs(120))
+                .expect("children never got ready")
+        })
+        .collect()
+}
+
+fn pid_of_rank(lines: &[String], rank: u32) -> i32 {
+    lines
+        .iter()
+        .find_map(|l| {
+            let mut w = l.split_whitespace().skip(1);
+            let r: u32 = w.next()?.parse().ok()?;
+            let pid: i32 = w.next()?.parse().ok()?;
+            (r == rank).then_some(pid)
+        })
+        .expect("rank reported its pid")
+}
+
+fn tag(t: i32) -> Header {
+    Header {
+        tag: t,
+        kind: 1,
+        ..Header::default()
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Children
+
+#[test]
+#[ignore = "child process of the multi-process tests"]
+fn child_all_to_all() {
+    child_main(|| {
+        let mut ch = ShmChannel::init().map_err(|e| e.to_string())?;
+        let (me, n) = (ch.rank(), ch.size());
+        // Bad input is a typed error and sends nothing.
+        match ch.send_bytes(n, tag(0), b"x") {
+            Err(ChannelError::InvalidRank { rank, size }) if rank == n && size == n => {}
+            other => return Err(format!("send to rank {n}: {other:?}")),
+        }
+        let too_big = vec![0u8; ch.max_payload() + 1];
+        match ch.send_bytes((me + 1) % n, tag(0), &too_big) {
+            Err(ChannelError::PacketTooLarge { .. }) => {}
+            other => return Err(format!("oversized send: {other:?}")),
+        }
+        const PER_PEER: i32 = 400;
+        let max = ch.max_payload();
+        let size_of = |src: u32, i: i32| {
+            [0usize, 1, 8, 24, 25, 100, 1000, 1112, 1113, 5000, max][(i as usize + src as usize) % 11]
+        };
+        let byte_of = |src: u32, i: i32| (src as i32 * 31 + i) as u8;
+        let mut next = vec![0i32; n as usize];
+        let mut got = 0;
+        let want = (n - 1) as i32 * PER_PEER;
+        let mut err = None;
+        for i in 0..PER_PEER {
+            for peer in (0..n).filter(|&p| p != me) {
+                let data = vec![byte_of(me, i); size_of(me, i)];
+                match ch.send_bytes(peer, tag(i), &data).map_err(|e| e.to_string())? {
+                    SendStatus::Sent | SendStatus::Queued(_) => {}
+                }
+            }
+            got += ch
+                .poll(|p| {
+                    let s = p.src as usize;
+                    let i = next[s];
+                    if p.header.tag != i
+                        || p.payload.len() != size_of(p.src, i)
+                        || p.payload.iter().any(|&b| b != byte_of(p.src, i))
+                    {
+                        err.get_or_insert(format!(
+                            "from {}: got tag {} len {}, expected {i}",
+                            p.src,
+                            p.header.tag,
+                            p.payload.len()
+                        ));
+                    }
+                    next[s] += 1;
+                })
+                .map_err(|e| e.to_string())? as i32;
+        }
+        while got < want {
+            got += ch
+                .poll_wait(
+                    |p| {
+                        let s = p.src as usize;
+                        let i = next[s];
+                        if p.header.tag != i || p.payload.iter().any(|&b| b != byte_of(p.src, i)) {
+                            err.get_or_insert(format!(
+                                "from {}: got tag {}, expected {i}",
+                                p.src, p.header.tag
+                            ));
+                        }
+                        next[s] += 1;
+                    },
+                    Some(Duration::from_secs(60)),
+                )
+                .map_err(|e| e.to_string())? as i32;
+        }
+        if let Some(e) = err {
+            return Err(e);
+        }
+        ch.flush(Duration::from_secs(60)).map_err(|e| e.to_string())?;
+        println!("rank {me}: received {got} messages in order");
+        Ok(())
+    });
+}
+
+#[test]
+#[ignore = "child process of the multi-process tests"]
+fn child_ring() {
+    child_main(|| {
+        let mut ch = ShmChannel::init().map_err(|e| e.to_string())?;
+        let (r, n) = (ch.rank() as u64, ch.size() as u64);
+        let m: u64 = std::env::var("RING_MESSAGES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(10_000);
+        // Hop h goes to rank h % n; rank r receives hops r, r + n, ...
+        let mine = if r == 0 {
+            m / n
+        } else {
+            m / n + u64::from(m % n >= r)
+        };
+        let mut expect = if r == 0 { n } else { r };
+        if r == 0 {
+            ch.send_bytes(1, tag(0), &1u64.to_le_bytes())
+                .map_err(|e| e.to_string())?;
+        }
+        for _ in 0..mine {
+            let mut hop = None;
+            while hop.is_none() {
+                ch.poll_wait(
+                    |p| hop = Some(u64::from_le_bytes(p.payload.try_into().unwrap())),
+                    Some(Duration::from_secs(60)),
+                )
+                .map_err(|e| e.to_string())?;
+            }
+            let h = hop.unwrap();
+            if h != expect {
+                return Err(format!("rank {r}: hop {h}, expected {expect}"));
+            }
+            expect += n;
+            if h < m {
+                ch.send_bytes(((h + 1) % n) as u32, tag(0), &(h + 1).to_le_bytes())
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        ch.flush(Duration::from_secs(60)).map_err(|e| e.to_string())?;
+        Ok(())
+    });
+}
+
+/// Attaches, reports its pid, then keeps exchanging with its neighbours until killed.
+#[test]
+#[ignore = "child process of the multi-process tests"]
+fn child_spin() {
+    child_main(|| {
+        let mut ch = ShmChannel::init().map_err(|e| e.to_string())?;
+        println!("ready {} {}", ch.rank(), std::process::id());
+        let next = (ch.rank() + 1) % ch.size();
+        loop {
+            ch.send_bytes(next, tag(0), b"tick").map_err(|e| e.to_string())?;
+            ch.poll_wait(|_| {}, Some(Duration::from_millis(100)))
+                .map_err(|e| e.to_string())?;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    });
+}
+
+/// Reports its pid; ranks other than 0 wait before attaching, so the test can kill one
+/// while rank 0 holds the segment and waits at the barrier.
+#[test]
+#[ignore = "child process of the multi-process tests"]
+fn child_slow_start() {
+    child_main(|| {
+        let rank: u32 = std::env::var("NEMESIS_RANK").unwrap().parse().unwrap();
+        println!("ready {rank} {}", std::process::id());
+        if rank != 0 {
+            std::thread::sleep(Duration::from_secs(30));
+        }
+        let _ch = ShmChannel::init().map_err(|e| e.to_string())?;
+        Ok(())
+    });
+}
+
+#[test]
+#[ignore = "child process of the multi-process tests"]
+fn child_init_only() {
+    child_main(|| {
+        let ch = ShmChannel::init().map_err(|e| e.to_string())?;
+        let code: i32 = std::env::var("EXIT_RANK_1")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        if ch.rank() == 1 && code != 0 {
+            std::process::exit(code);
+        }
+        Ok(())
+    });
+}
+
+// ---------------------------------------------------------------------------------
+// Tests
+
+#[test]
+fn help_describes_usage_and_environment() {
+    let o = Command::new(RUN).arg("--help").output().unwrap();
+    assert!(o.status.success());
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        s.contains("-n <N>") && s.contains("NEMESIS_CELLS") && s.contains("--label"),
+        "{s}"
+    );
+}
+
+#[test]
+fn bad_arguments_are_refused() {
+    for args in [
+        &["-n", "0", "true"][..],
+        &["-n", "two", "true"],
+        &["-n", "2"],
+        &["-n", "2", "--grace", "soon", "true"],
+    ] {
+        let o = Command::new(RUN).args(args).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+    }
+    let o = Command::new(RUN)
+        .args(["-n", "2", "/nonexistent/program"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(127), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/program"));
+}
+
+#[test]
+fn four_ranks_exchange_all_to_all_in_order() {
+    let dir = shm_dir("a2a");
+    let o = run(4, "all_to_all", &dir).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout)
+            .matches("messages in order")
+            .count(),
+        4,
+        "{}",
+        text(&o)
+    );
+    assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
+}
+
+#[test]
+fn eight_ranks_pass_ten_thousand_messages_round_a_ring() {
+    let dir = shm_dir("ring");
+    let o = run(8, "ring", &dir)
+        .env("RING_MESSAGES", "10000")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(leftovers(&dir).is_empty());
+}
+
+#[test]
+fn first_failing_status_is_the_launchers() {
+    let dir = shm_dir("status");
+    let o = run(3, "init_only", &dir)
+        .env("EXIT_RANK_1", "7")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(7), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("rank 1"),
+        "{}",
+        text(&o)
+    );
+    assert!(leftovers(&dir).is_empty());
+}
+
+#[test]
+fn rank_killed_mid_run_ends_the_job_and_leaves_no_file() {
+    let dir = shm_dir("kill");
+    let mut c = run(4, "spin", &dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ready = wait_ready(&mut c, 4);
+    // After start-up the segment is already unlinked.
+    assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
+    let victim = pid_of_rank(&ready, 2);
+    // SAFETY: sending SIGKILL to a child of ours that reported its pid.
+    unsafe { libc::kill(victim, libc::SIGKILL) };
+    let o = c.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(137), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("rank 2") && err.contains("SIGKILL"), "{err}");
+    assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
+}
+
+#[test]
+fn rank_killed_during_start_up_leaves_no_file() {
+    let dir = shm_dir("startkill");
+    let mut c = run(3, "slow_start", &dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ready = wait_ready(&mut c, 3);
+    // Rank 0 creates the segment and waits at the barrier for the others.
+    let start = Instant::now();
+    while leftovers(&dir).is_empty() && start.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!leftovers(&dir).is_empty(), "rank 0 never created the segment");
+    // SAFETY: as above.
+    unsafe { libc::kill(pid_of_rank(&ready, 2), libc::SIGKILL) };
+    let o = c.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(137), "{}", text(&o));
+    assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
+}
+
+#[test]
+fn sigterm_to_the_launcher_ends_the_job() {
+    let dir = shm_dir("term");
+    let mut c = run(2, "spin", &dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_ready(&mut c, 2);
+    // SAFETY: signalling our own child, the launcher.
+    unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+    let o = c.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(128 + libc::SIGTERM), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("interrupted by SIGTERM"));
+    assert!(leftovers(&dir).is_empty());
+}
+
+#[test]
+fn too_little_shared_memory_is_a_clear_error() {
+    // A segment far beyond any /dev/shm: refused up front, naming the variables.
+    let dir = shm_dir("nospace");
+    let o = run(2, "init_only", &dir)
+        .env("NEMESIS_CELLS", "1000000")
+        .env("NEMESIS_CELL_SIZE", "16M")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("not enough room") && err.contains("short by") && err.contains("NEMESIS_CELLS"),
+        "{err}"
+    );
+    assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
+}
+
+#[test]
+fn a_full_tmpfs_is_a_clear_error() {
+    let dir = shm_dir("tmpfs");
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=256k", "none"])
+        .arg(&dir)
+        .status();
+    if !mounted.is_ok_and(|s| s.success()) {
+        eprintln!("skipping: cannot mount a small tmpfs here (needs root)");
+        return;
+    }
+    let o = run(2, "init_only", &dir).output().unwrap();
+    let listed = leftovers(&dir);
+    let _ = Command::new("umount").arg(&dir).status();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("not enough room") && err.contains("NEMESIS_SHM_DIR"),
+        "{err}"
+    );
+    assert!(listed.is_empty(), "{listed:?}");
+}
+
+#[test]
+fn a_rank_that_never_comes_times_out() {
+    let dir = shm_dir("timeout");
+    let mut c = Command::new(&child_args("init_only")[0]);
+    c.args(&child_args("init_only")[1..]);
+    let o = c
+        .env("NEMESIS_TEST_CHILD", "1")
+        .env("NEMESIS_SHM_DIR", &dir)
+        .env("NEMESIS_RANK", "1")
+        .env("NEMESIS_SIZE", "2")
+        .env("NEMESIS_JOBID", "00000000000abcde")
+        .env("NEMESIS_STARTUP_TIMEOUT", "0.5")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("timed out") && err.contains("NEMESIS_STARTUP_TIMEOUT"),
+        "{err}"
+    );
+    assert!(leftovers(&dir).is_empty());
+}
+
+#[test]
+fn bad_launcher_variables_are_reported() {
+    let mut c = Command::new(&child_args("init_only")[0]);
+    c.args(&child_args("init_only")[1..]);
+    let o = c
+        .env("NEMESIS_TEST_CHILD", "1")
+        .env("NEMESIS_RANK", "5")
+        .env("NEMESIS_SIZE", "2")
+        .env("NEMESIS_JOBID", "1")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("NEMESIS_RANK=\"5\""),
+        "{}",
+        text(&o)
+    );
+}
