@@ -288,8 +288,62 @@ fn child_init_only() {
     });
 }
 
+/// An example program. A plain `cargo test` builds the examples next to this test
+/// binary; when only this test was built, build the one we need.
+fn example(name: &str) -> PathBuf {
+    let deps = std::env::current_exe().unwrap();
+    let profile_dir = deps.parent().unwrap().parent().unwrap();
+    let path = profile_dir.join("examples").join(name);
+    if !path.exists() {
+        let mut c = Command::new(env!("CARGO"));
+        c.args(["build", "--example", name]);
+        if profile_dir.file_name().is_some_and(|p| p == "release") {
+            c.arg("--release");
+        }
+        assert!(c.status().unwrap().success(), "building example {name}");
+    }
+    path
+}
+
 // ---------------------------------------------------------------------------------
 // Tests
+
+#[test]
+fn examples_run_under_the_launcher() {
+    let dir = shm_dir("examples");
+    let o = Command::new(RUN)
+        .args(["-n", "4"])
+        .arg(example("hello"))
+        .env("NEMESIS_SHM_DIR", &dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    for r in 0..4 {
+        assert!(out.contains(&format!("hello from rank {r} of 4 on ")), "{out}");
+    }
+    let o = Command::new(RUN)
+        .args(["-n", "3"])
+        .arg(example("ring"))
+        .arg("200")
+        .env("NEMESIS_SHM_DIR", &dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("600 hops"),
+        "{}",
+        text(&o)
+    );
+    // Alone, the example runs as a singleton.
+    let o = Command::new(example("hello")).output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("hello from rank 0 of 1"),
+        "{}",
+        text(&o)
+    );
+    assert!(leftovers(&dir).is_empty());
+}
 
 #[test]
 fn help_describes_usage_and_environment() {
