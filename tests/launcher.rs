@@ -33,6 +33,15 @@ fn run(n: u32, role: &str, shm: &Path) -> Command {
     c
 }
 
+/// As [`run`], started with its output piped back to us.
+fn start(n: u32, role: &str, shm: &Path) -> Child {
+    run(n, role, shm)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 fn shm_dir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("nemesis-mp-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -421,11 +430,7 @@ fn first_failing_status_is_the_launchers() {
 #[test]
 fn rank_killed_mid_run_ends_the_job_and_leaves_no_file() {
     let dir = shm_dir("kill");
-    let mut c = run(4, "spin", &dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut c = start(4, "spin", &dir);
     let ready = wait_ready(&mut c, 4);
     // After start-up the segment is already unlinked.
     assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
@@ -442,11 +447,7 @@ fn rank_killed_mid_run_ends_the_job_and_leaves_no_file() {
 #[test]
 fn rank_killed_during_start_up_leaves_no_file() {
     let dir = shm_dir("startkill");
-    let mut c = run(3, "slow_start", &dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut c = start(3, "slow_start", &dir);
     let ready = wait_ready(&mut c, 3);
     // Rank 0 creates the segment and waits at the barrier for the others.
     let start = Instant::now();
@@ -464,11 +465,7 @@ fn rank_killed_during_start_up_leaves_no_file() {
 #[test]
 fn sigterm_to_the_launcher_ends_the_job() {
     let dir = shm_dir("term");
-    let mut c = run(2, "spin", &dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut c = start(2, "spin", &dir);
     wait_ready(&mut c, 2);
     // SAFETY: signalling our own child, the launcher.
     unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };

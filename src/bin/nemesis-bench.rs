@@ -147,6 +147,13 @@ impl Json {
     fn new(bench: &str) -> Self {
         Self(format!("{{\"bench\":\"{bench}\""))
     }
+    /// A row about the channel between the pair, for messages of `size` bytes.
+    fn channel(bench: &str, size: usize) -> Self {
+        Self::new(bench)
+            .s("layer", "channel")
+            .s("transport", "shm")
+            .u("size", size as u64)
+    }
     fn s(mut self, k: &str, v: &str) -> Self {
         let _ = write!(
             self.0,
@@ -227,10 +234,7 @@ fn latency(pair: &mut Pair, a: &LatencyArgs, json: bool) -> Result<()> {
         let f = Summary::of(&mut half(floor)).context("no samples")?;
         let ratio = c.p50 / p.p50;
         if json {
-            Json::new("latency")
-                .s("layer", "channel")
-                .s("transport", "shm")
-                .u("size", size as u64)
+            Json::channel("latency", size)
                 .f("p50_ns", c.p50)
                 .f("p99_ns", c.p99)
                 .f("mean_ns", c.mean)
@@ -265,6 +269,26 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Streams `rounds` times and returns the median seconds of the timed windows.
+#[allow(clippy::too_many_arguments)]
+fn stream_median(
+    pair: &mut Pair,
+    what: &str,
+    size: usize,
+    window: u64,
+    iters: u64,
+    warmup: u64,
+    rounds: u32,
+) -> Result<f64> {
+    let mut secs = Vec::new();
+    for r in 0..rounds {
+        progress(&format!("{what} {size} B: round {}/{rounds}", r + 1));
+        secs.push(pair.stream(size, window, iters, warmup)?);
+    }
+    progress_done();
+    Ok(median(secs))
+}
+
 fn bandwidth(pair: &mut Pair, a: &StreamArgs, json: bool) -> Result<()> {
     if !json {
         println!(
@@ -275,20 +299,11 @@ fn bandwidth(pair: &mut Pair, a: &StreamArgs, json: bool) -> Result<()> {
         println!("# {:>7} {:>10} {:>10}", "size", "MB/s", "MiB/s");
     }
     for &size in &a.sizes {
-        let mut secs = Vec::new();
-        for r in 0..a.rounds {
-            progress(&format!("bw {size} B: round {}/{}", r + 1, a.rounds));
-            secs.push(pair.stream(size, a.window, a.iters, a.warmup)?);
-        }
-        progress_done();
+        let s = stream_median(pair, "bw", size, a.window, a.iters, a.warmup, a.rounds)?;
         let bytes = (size as u64 * a.window * a.iters) as f64;
-        let s = median(secs);
         let (mb, mib) = (bytes / s / 1e6, bytes / s / (1024.0 * 1024.0));
         if json {
-            Json::new("bw")
-                .s("layer", "channel")
-                .s("transport", "shm")
-                .u("size", size as u64)
+            Json::channel("bw", size)
                 .f("mb_s", mb)
                 .f("mib_s", mib)
                 .u("window", a.window)
@@ -310,18 +325,10 @@ fn msgrate(pair: &mut Pair, sizes: &[usize], a: &RateRest, json: bool) -> Result
         println!("# {:>7} {:>14}", "size", "messages/s");
     }
     for &size in sizes {
-        let mut secs = Vec::new();
-        for r in 0..a.rounds {
-            progress(&format!("msgrate {size} B: round {}/{}", r + 1, a.rounds));
-            secs.push(pair.stream(size, a.window, a.iters, a.warmup)?);
-        }
-        progress_done();
-        let rate = (a.window * a.iters) as f64 / median(secs);
+        let s = stream_median(pair, "msgrate", size, a.window, a.iters, a.warmup, a.rounds)?;
+        let rate = (a.window * a.iters) as f64 / s;
         if json {
-            Json::new("msgrate")
-                .s("layer", "channel")
-                .s("transport", "shm")
-                .u("size", size as u64)
+            Json::channel("msgrate", size)
                 .f("msgs_per_s", rate)
                 .u("window", a.window)
                 .print();
