@@ -27,8 +27,12 @@ fn main() {
             std::process::exit(1);
         }
     };
+    // A peer on another node is reached through a network module, one on this node
+    // through shared memory.
+    let all_local = (0..ch.size()).all(|r| ch.is_local(r));
+    let via = if all_local { "shm" } else { "net" };
     println!(
-        "hello from rank {} of {} on {} via shm",
+        "hello from rank {} of {} on {} via {via}",
         ch.rank(),
         ch.size(),
         hostname()

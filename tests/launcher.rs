@@ -265,18 +265,34 @@ fn child_spin() {
     });
 }
 
-/// Reports its pid; ranks other than 0 wait before attaching, so the test can kill one
-/// while rank 0 holds the segment and waits at the barrier.
+/// Rank 1 never talks to the process manager; rank 0 waits for it at the PMI barrier.
+#[test]
+#[ignore = "child process of the multi-process tests"]
+fn child_never_init() {
+    child_main(|| {
+        let rank: u32 = std::env::var("PMI_RANK").unwrap().parse().unwrap();
+        if rank == 1 {
+            std::thread::sleep(Duration::from_secs(60));
+        }
+        ShmChannel::init().map_err(|e| e.to_string())?;
+        Ok(())
+    });
+}
+
+/// Reports its pid after the PMI exchange; ranks other than 0 then wait before
+/// attaching, so the test can kill one while rank 0 holds the segment and waits at the
+/// segment's barrier.
 #[test]
 #[ignore = "child process of the multi-process tests"]
 fn child_slow_start() {
     child_main(|| {
-        let rank: u32 = std::env::var("NEMESIS_RANK").unwrap().parse().unwrap();
+        let boot = nemesis::bootstrap::Boot::init().map_err(|e| e.to_string())?;
+        let rank = boot.info.rank;
         println!("ready {rank} {}", std::process::id());
         if rank != 0 {
             std::thread::sleep(Duration::from_secs(30));
         }
-        let _ch = ShmChannel::init().map_err(|e| e.to_string())?;
+        let _ch = ShmChannel::from_boot(boot).map_err(|e| e.to_string())?;
         Ok(())
     });
 }
@@ -297,21 +313,17 @@ fn child_init_only() {
     });
 }
 
-/// An example program. A plain `cargo test` builds the examples next to this test
-/// binary; when only this test was built, build the one we need.
+/// An example program, built (or found up to date) by the cargo that built this test.
 fn example(name: &str) -> PathBuf {
     let deps = std::env::current_exe().unwrap();
     let profile_dir = deps.parent().unwrap().parent().unwrap();
-    let path = profile_dir.join("examples").join(name);
-    if !path.exists() {
-        let mut c = Command::new(env!("CARGO"));
-        c.args(["build", "--example", name]);
-        if profile_dir.file_name().is_some_and(|p| p == "release") {
-            c.arg("--release");
-        }
-        assert!(c.status().unwrap().success(), "building example {name}");
+    let mut c = Command::new(env!("CARGO"));
+    c.args(["build", "--quiet", "--example", name]);
+    if profile_dir.file_name().is_some_and(|p| p == "release") {
+        c.arg("--release");
     }
-    path
+    assert!(c.status().unwrap().success(), "building example {name}");
+    profile_dir.join("examples").join(name)
 }
 
 // ---------------------------------------------------------------------------------
@@ -519,21 +531,14 @@ fn a_full_tmpfs_is_a_clear_error() {
 #[test]
 fn a_rank_that_never_comes_times_out() {
     let dir = shm_dir("timeout");
-    let mut c = Command::new(&child_args("init_only")[0]);
-    c.args(&child_args("init_only")[1..]);
-    let o = c
-        .env("NEMESIS_TEST_CHILD", "1")
-        .env("NEMESIS_SHM_DIR", &dir)
-        .env("NEMESIS_RANK", "1")
-        .env("NEMESIS_SIZE", "2")
-        .env("NEMESIS_JOBID", "00000000000abcde")
+    let o = run(2, "never_init", &dir)
         .env("NEMESIS_STARTUP_TIMEOUT", "0.5")
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
-        err.contains("timed out") && err.contains("NEMESIS_STARTUP_TIMEOUT"),
+        err.contains("PMI barrier") && err.contains("NEMESIS_STARTUP_TIMEOUT"),
         "{err}"
     );
     assert!(leftovers(&dir).is_empty());
@@ -541,18 +546,35 @@ fn a_rank_that_never_comes_times_out() {
 
 #[test]
 fn bad_launcher_variables_are_reported() {
+    for (var, value, expect) in [
+        ("PMI_FD", "abc", "PMI_FD"),
+        ("PMI_FD", "987", "not an open file descriptor"),
+        ("PMI_PORT", "nowhere.invalid:1", "PMI_PORT"),
+    ] {
+        let mut c = Command::new(&child_args("init_only")[0]);
+        c.args(&child_args("init_only")[1..]);
+        let o = c
+            .env("NEMESIS_TEST_CHILD", "1")
+            .env(var, value)
+            .env("PMI_ID", "0")
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains(expect),
+            "{}",
+            text(&o)
+        );
+    }
     let mut c = Command::new(&child_args("init_only")[0]);
     c.args(&child_args("init_only")[1..]);
     let o = c
         .env("NEMESIS_TEST_CHILD", "1")
-        .env("NEMESIS_RANK", "5")
-        .env("NEMESIS_SIZE", "2")
-        .env("NEMESIS_JOBID", "1")
+        .env("NEMESIS_STARTUP_TIMEOUT", "soon")
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(
-        String::from_utf8_lossy(&o.stderr).contains("NEMESIS_RANK=\"5\""),
+        String::from_utf8_lossy(&o.stderr).contains("NEMESIS_STARTUP_TIMEOUT=\"soon\""),
         "{}",
         text(&o)
     );

@@ -1,17 +1,29 @@
-//! `nemesis-run`: starts the processes of a job on this node.
+//! `nemesis-run`: starts the processes of a job, on this node or across hosts, and serves
+//! them PMI-1.
 
 use clap::Parser;
-use nemesis::launch::{self, Job, Spec, Watch};
+use nemesis::launch::hosts::{default_address, distribute, launcher_argv, parse_hosts};
+use nemesis::launch::server::{JobInfo, PmiServer, process_mapping};
+use nemesis::launch::{self, Job, Outcome, Pmi, Spec, Watch};
 use std::ffi::OsString;
+use std::net::{IpAddr, TcpListener};
 use std::time::Duration;
 
 const AFTER_HELP: &str = "\
-Each process gets NEMESIS_RANK, NEMESIS_SIZE and NEMESIS_JOBID in its environment.
-Output goes straight to this terminal (or with --label through nemesis-run, one line
-at a time). When a process exits with a non-zero status or is killed, the others are
-sent SIGTERM, then SIGKILL after --grace seconds, and nemesis-run exits with that first
-status (128 + the signal for a killed process). SIGINT, SIGTERM and SIGHUP end the job
-the same way. No shared-memory file outlives the job.
+Each process learns its rank, the job's size and its peers through PMI-1, which
+nemesis-run serves: local processes get PMI_FD, PMI_RANK and PMI_SIZE; processes on other
+hosts get PMI_PORT and PMI_ID. Programs built against MPICH run under it too.
+
+With --hosts, nemesis-run runs the launcher command once per host, as
+  LAUNCHER HOST nemesis-run (proxy arguments) -- PROG ARGS...
+the way Hydra's bootstrap-exec does; the proxy starts that host's ranks, which connect
+back to --pmi-addr. nemesis-run must be at the same path on every host.
+
+Output goes straight to this terminal (or with --label line by line, each line prefixed
+with its rank). When a process exits with a non-zero status or is killed, or calls PMI
+abort, the others are sent SIGTERM, then SIGKILL after --grace seconds, and nemesis-run
+exits with that first status (128 + the signal for a killed process). SIGINT, SIGTERM and
+SIGHUP end the job the same way. No shared-memory file outlives the job.
 
 Environment read by the processes (see README.md):
   NEMESIS_CELLS            cells per process (default 64)
@@ -20,19 +32,37 @@ Environment read by the processes (see README.md):
   NEMESIS_SHM_DIR          directory of the shared segment (default /dev/shm)
   NEMESIS_STARTUP_TIMEOUT  seconds to wait for the other processes (default 60)
   NEMESIS_SPIN, NEMESIS_YIELDS  how long an idle process spins and yields before sleeping
+  NEMESIS_PMI_DEBUG=1      nemesis-run prints every PMI request and reply
 
-Example:
-  nemesis-run -n 4 ./target/release/examples/hello";
+Examples:
+  nemesis-run -n 4 ./target/release/examples/hello
+  nemesis-run -n 4 --hosts node1,node2 ./target/release/examples/hello
+  nemesis-run -n 2 --hosts h1,h2 --launcher 'ip netns exec' --pmi-addr 10.0.0.1 ./hello";
 
-/// Start N processes of a program on this node, as one nemesis job.
+/// Start N processes of a program as one nemesis job, on this node or across hosts.
 #[derive(Parser, Debug)]
 #[command(name = "nemesis-run", version, after_help = AFTER_HELP,
           override_usage = "nemesis-run -n <N> [OPTIONS] [--] <PROG> [ARGS]...")]
 struct Args {
     /// Number of processes to start.
     #[arg(short = 'n', long = "np", value_name = "N",
-          value_parser = clap::value_parser!(u32).range(1..=nemesis::shm::config::MAX_LOCAL_PROCS as i64))]
+          value_parser = clap::value_parser!(u32).range(1..=nemesis::bootstrap::MAX_RANKS as i64))]
     np: u32,
+
+    /// Hosts to run on, comma-separated; `name:count` places `count` ranks on a host.
+    /// Without counts the ranks are split into even blocks.
+    #[arg(long, value_name = "LIST")]
+    hosts: Option<String>,
+
+    /// The command that runs a command on a host: it is given the host name and then
+    /// the command.
+    #[arg(long, value_name = "CMD", default_value = "ssh", requires = "hosts")]
+    launcher: String,
+
+    /// The address other hosts use to reach this nemesis-run. Defaults to this
+    /// machine's first non-loopback IPv4 address.
+    #[arg(long, value_name = "ADDR", requires = "hosts")]
+    pmi_addr: Option<IpAddr>,
 
     /// Prefix every line of output with "[rank] ".
     #[arg(short, long)]
@@ -45,6 +75,19 @@ struct Args {
     /// End the job after this many seconds; nemesis-run then exits with 124.
     #[arg(long, value_name = "SECS", value_parser = seconds)]
     timeout: Option<f64>,
+
+    /// Proxy mode: the PMI server to connect the ranks to (host:port).
+    #[arg(long, hide = true, requires_all = ["proxy_kvsname", "proxy_size", "proxy_first"])]
+    proxy_pmi: Option<String>,
+    #[arg(long, hide = true)]
+    proxy_kvsname: Option<String>,
+    #[arg(long, hide = true)]
+    proxy_size: Option<u32>,
+    #[arg(long, hide = true)]
+    proxy_first: Option<u32>,
+    /// Proxy mode: the host, for messages.
+    #[arg(long, hide = true)]
+    proxy_host: Option<String>,
 
     /// The program to start, then its arguments.
     #[arg(
@@ -63,36 +106,158 @@ fn seconds(s: &str) -> Result<f64, String> {
     }
 }
 
+fn fail(msg: impl std::fmt::Display, code: i32) -> ! {
+    eprintln!("nemesis-run: {msg}");
+    std::process::exit(code);
+}
+
 fn main() {
     let args = Args::parse();
-    let mut command = args.command.into_iter();
-    let program = command.next().expect("clap requires a program");
-    let spec = Spec {
-        program,
-        args: command.collect(),
-        size: args.np,
-        ranks: 0..args.np,
-        job_id: nemesis::bootstrap::random_job_id(),
-        env: Vec::new(),
-        label: args.label,
-    };
-    launch::catch_signals();
-    let job = match Job::spawn(&spec) {
-        Ok(job) => job,
-        Err(e) => {
-            eprintln!("nemesis-run: {e}");
-            launch::cleanup_segments(spec.job_id);
-            std::process::exit(if e.source.kind() == std::io::ErrorKind::NotFound {
-                127
-            } else {
-                126
-            });
-        }
-    };
-    let outcome = job.watch(Watch {
+    let watch = Watch {
         grace: Duration::from_secs_f64(args.grace),
         timeout: args.timeout.map(Duration::from_secs_f64),
         report: Some("nemesis-run"),
-    });
+    };
+    launch::catch_signals();
+    let outcome = if let Some(pmi) = args.proxy_pmi.clone() {
+        proxy(&args, pmi, watch)
+    } else if let Some(hosts) = args.hosts.clone() {
+        across_hosts(&args, &hosts, watch)
+    } else {
+        local(&args, watch)
+    };
     std::process::exit(outcome.exit_code());
+}
+
+fn spec(args: &Args, size: u32, ranks: std::ops::Range<u32>, kvsname: String, pmi: Pmi) -> Spec {
+    let mut command = args.command.iter().cloned();
+    Spec {
+        program: command.next().expect("clap requires a program"),
+        args: command.collect(),
+        size,
+        ranks,
+        kvsname,
+        env: Vec::new(),
+        label: args.label,
+        pmi,
+    }
+}
+
+fn start(spec: Spec) -> Job {
+    let job_id = nemesis::bootstrap::job_id_of(&spec.kvsname);
+    match Job::spawn(spec) {
+        Ok(job) => job,
+        Err(e) => {
+            launch::cleanup_segments(job_id);
+            fail(
+                &e,
+                if e.source.kind() == std::io::ErrorKind::NotFound {
+                    127
+                } else {
+                    126
+                },
+            );
+        }
+    }
+}
+
+fn local(args: &Args, watch: Watch) -> Outcome {
+    let n = args.np;
+    let pmi = Pmi::Serve {
+        mapping: process_mapping(&[n]),
+        listener: None,
+        self_rank: None,
+    };
+    start(spec(args, n, 0..n, launch::new_kvsname(), pmi)).watch(watch)
+}
+
+fn proxy(args: &Args, pmi: String, mut watch: Watch) -> Outcome {
+    let (Some(kvsname), Some(size), Some(first)) =
+        (args.proxy_kvsname.clone(), args.proxy_size, args.proxy_first)
+    else {
+        fail(
+            "proxy mode needs --proxy-kvsname, --proxy-size and --proxy-first",
+            2,
+        );
+    };
+    let Some(end) = first.checked_add(args.np).filter(|&e| e <= size) else {
+        fail(
+            format!(
+                "ranks {first}..{} do not fit a job of {size}",
+                first as u64 + args.np as u64
+            ),
+            2,
+        );
+    };
+    let host = args
+        .proxy_host
+        .clone()
+        .unwrap_or_else(nemesis::bootstrap::host_name);
+    watch.report = Some(Box::leak(format!("nemesis-run (host {host})").into_boxed_str()));
+    start(spec(args, size, first..end, kvsname, Pmi::Port(pmi))).watch(watch)
+}
+
+fn across_hosts(args: &Args, list: &str, watch: Watch) -> Outcome {
+    let hosts = parse_hosts(list).unwrap_or_else(|e| fail(format!("--hosts: {e}"), 2));
+    let ranges = distribute(args.np, &hosts).unwrap_or_else(|e| fail(format!("--hosts: {e}"), 2));
+    let addr = args.pmi_addr.unwrap_or_else(default_address);
+    let listener = TcpListener::bind((addr, 0)).unwrap_or_else(|e| {
+        fail(
+            format!("cannot listen on {addr} for the PMI server (see --pmi-addr): {e}"),
+            1,
+        )
+    });
+    let kvsname = launch::new_kvsname();
+    let counts: Vec<u32> = ranges.iter().map(|r| r.end - r.start).collect();
+    let debug = std::env::var_os("NEMESIS_PMI_DEBUG").is_some_and(|v| v != "0");
+    let info = JobInfo {
+        size: args.np,
+        kvsname: kvsname.clone(),
+        mapping: process_mapping(&counts),
+        debug,
+    };
+    let server = PmiServer::start(info, Vec::new(), Some(listener))
+        .unwrap_or_else(|e| fail(format!("cannot start the PMI server: {e}"), 1));
+    let port = server.addr().expect("listening").to_string();
+    let exe =
+        std::env::current_exe().unwrap_or_else(|e| fail(format!("cannot find my own executable: {e}"), 1));
+    let mut members = Vec::new();
+    for (host, r) in hosts.iter().zip(&ranges) {
+        let mut remote: Vec<OsString> = vec![
+            exe.clone().into(),
+            "--proxy-pmi".into(),
+            port.clone().into(),
+            "--proxy-kvsname".into(),
+            kvsname.clone().into(),
+            "--proxy-size".into(),
+            args.np.to_string().into(),
+            "--proxy-first".into(),
+            r.start.to_string().into(),
+            "--proxy-host".into(),
+            host.name.clone().into(),
+            "-n".into(),
+            (r.end - r.start).to_string().into(),
+            "--grace".into(),
+            args.grace.to_string().into(),
+        ];
+        if args.label {
+            remote.push("--label".into());
+        }
+        remote.push("--".into());
+        remote.extend(args.command.iter().cloned());
+        let argv = launcher_argv(&args.launcher, &host.name, &remote)
+            .unwrap_or_else(|e| fail(format!("--launcher: {e}"), 2));
+        let name = format!("host {} (ranks {}-{})", host.name, r.start, r.end - 1);
+        members.push((r.start, name, argv));
+    }
+    let job = Job::spawn_hosts(&kvsname, server, members).unwrap_or_else(|e| {
+        fail(
+            format!(
+                "cannot run the launcher command {:?}: {}",
+                args.launcher, e.source
+            ),
+            127,
+        )
+    });
+    job.watch(watch)
 }

@@ -2,8 +2,8 @@
 
 use super::wait::{WaitPolicy, usable_cpus};
 use super::{Channel, ChannelError, Header, Packet, Rank, SendStatus, SendTicket};
-use crate::bootstrap::BootInfo;
-use nemesis_shm::config::{segment_name, shm_dir};
+use crate::bootstrap::Boot;
+use nemesis_shm::config::shm_dir;
 use nemesis_shm::{Envelope, Geometry, JoinSpec, PeerState, Port, Segment};
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -45,42 +45,52 @@ pub struct ShmChannel {
     loopback: VecDeque<(Header, Vec<u8>)>,
     policy: WaitPolicy,
     max_payload: usize,
+    /// The line to the process manager, kept for lazy lookups and finalized on drop.
+    boot: Option<Boot>,
 }
 
 impl ShmChannel {
-    /// Joins the job described by the environment (see [`BootInfo::from_env`]).
+    /// Joins the job the environment describes (see [`Boot::init`]), or starts alone.
     pub fn init() -> Result<Self, ChannelError> {
-        Self::from_boot(&BootInfo::from_env()?)
+        Self::from_boot(Boot::init()?)
     }
 
-    /// Joins the node's segment as described by `boot`: node-local process 0 creates
-    /// it, the others attach, and it is unlinked once all have.
-    pub fn from_boot(boot: &BootInfo) -> Result<Self, ChannelError> {
+    /// Joins the node's segment as `boot` describes: node-local process 0 creates it,
+    /// the others attach, and it is unlinked once all have. Keeps `boot`.
+    pub fn from_boot(boot: Boot) -> Result<Self, ChannelError> {
+        let info = &boot.info;
         let geometry = Geometry::from_env()?;
-        let nlocal = boot.local_ranks.len() as u32;
+        let nlocal = info.local_ranks.len() as u32;
         let seg = if nlocal == 1 {
             Segment::anonymous(1, geometry)?
         } else {
             let spec = JoinSpec {
                 dir: shm_dir(),
-                name: segment_name(boot.job_id, boot.node()),
-                job_id: boot.job_id,
-                node: boot.node(),
+                name: info.segment.clone(),
+                job_id: info.job_id,
+                node: info.node(),
                 nprocs: nlocal,
                 geometry,
-                timeout: boot.startup_timeout,
+                timeout: info.startup_timeout,
             };
-            Segment::join(&spec, boot.local_index)?
+            Segment::join(&spec, info.local_index)?
         };
         let policy = WaitPolicy::from_env(nlocal, usable_cpus())?;
-        Self::from_segment(
+        let mut ch = Self::from_segment(
             Arc::new(seg),
-            boot.rank,
-            boot.size,
-            &boot.local_ranks,
-            boot.local_index,
+            info.rank,
+            info.size,
+            &info.local_ranks,
+            info.local_index,
             policy,
-        )
+        )?;
+        ch.boot = Some(boot);
+        Ok(ch)
+    }
+
+    /// How this process joined the job, when it did through [`ShmChannel::from_boot`].
+    pub fn boot(&mut self) -> Option<&mut Boot> {
+        self.boot.as_mut()
     }
 
     /// A channel over an existing segment, as the process at `local_index` among
@@ -130,6 +140,7 @@ impl ShmChannel {
             loopback: VecDeque::new(),
             policy,
             max_payload,
+            boot: None,
         })
     }
 

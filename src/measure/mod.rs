@@ -15,9 +15,10 @@ pub use clock::Clock;
 pub use pin::{allowed_cpus, pair_cpus, pin_to};
 pub use stats::Summary;
 
-use crate::bootstrap::{BootInfo, Launcher, random_job_id};
+use crate::bootstrap::{Boot, BootError, PmiClient};
 use crate::channel::{Channel, ChannelError, Header, Packet, ShmChannel};
-use crate::launch::{Exit, Job, LaunchError, Spec, Watch};
+use crate::launch::server::process_mapping;
+use crate::launch::{Exit, Job, LaunchError, Pmi, Spec, Watch, new_kvsname};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -44,6 +45,9 @@ pub enum MeasureError {
     /// The channel failed.
     #[error(transparent)]
     Channel(#[from] ChannelError),
+    /// Start-up failed.
+    #[error(transparent)]
+    Boot(#[from] BootError),
     /// The partner could not be started.
     #[error(transparent)]
     Launch(#[from] LaunchError),
@@ -189,36 +193,15 @@ impl Pair {
     /// Starts the partner from this executable and joins it. With `pin`, and two CPUs
     /// to choose from, each side runs on a CPU of its own.
     pub fn start(pin: bool) -> Result<Self> {
-        let job_id = random_job_id();
         let pinned = if pin { pair_cpus() } else { None };
-        let exe = std::env::current_exe().map_err(|e| MeasureError::Other(format!("current_exe: {e}")))?;
         let mut env = vec![(ROLE_VAR.into(), "partner".into())];
         if let Some((_, c1)) = pinned {
             env.push((CPU_VAR.into(), c1.to_string().into()));
         }
-        let spec = Spec {
-            program: exe.into_os_string(),
-            args: Vec::new(),
-            size: 2,
-            ranks: 1..2,
-            job_id,
-            env,
-            label: false,
-        };
-        let job = Job::spawn(&spec)?;
+        let (job, ch) = start_job(2, env)?;
         if let Some((c0, _)) = pinned {
             pin_to(c0).map_err(|e| MeasureError::Other(format!("pinning to cpu {c0}: {e}")))?;
         }
-        let boot = BootInfo {
-            rank: 0,
-            size: 2,
-            job_id,
-            local_ranks: vec![0, 1],
-            local_index: 0,
-            startup_timeout: Duration::from_secs(30),
-            launcher: Launcher::Env,
-        };
-        let ch = ShmChannel::from_boot(&boot)?;
         let clock = Clock::calibrate();
         let max = ch.max_payload();
         Ok(Self {
@@ -492,6 +475,33 @@ pub struct RingResult {
     pub elapsed: Duration,
 }
 
+/// Starts ranks `1..size` of a job from this executable, with `env`, and joins it as
+/// rank 0 through the same PMI path as they do.
+fn start_job(size: u32, env: Vec<(std::ffi::OsString, std::ffi::OsString)>) -> Result<(Job, ShmChannel)> {
+    let exe = std::env::current_exe().map_err(|e| MeasureError::Other(format!("current_exe: {e}")))?;
+    let spec = Spec {
+        program: exe.into_os_string(),
+        args: Vec::new(),
+        size,
+        ranks: 1..size,
+        kvsname: new_kvsname(),
+        env,
+        label: false,
+        pmi: Pmi::Serve {
+            mapping: process_mapping(&[size]),
+            listener: None,
+            self_rank: Some(0),
+        },
+    };
+    let mut job = Job::spawn(spec)?;
+    let sock = job
+        .take_self_pmi()
+        .ok_or_else(|| MeasureError::Other("no PMI socket for rank 0".into()))?;
+    let timeout = Duration::from_secs(60);
+    let boot = Boot::with_client(PmiClient::from_socket(sock, 0, size, timeout), timeout)?;
+    Ok((job, ShmChannel::from_boot(boot)?))
+}
+
 /// Passes a token `messages` times round a ring of `procs` processes, this one rank 0
 /// and the others started from this executable, each waiting the way the channel's
 /// [`crate::WaitPolicy`] says. Checks that every hop arrives once and in order.
@@ -499,31 +509,12 @@ pub fn ring(procs: u32, messages: u64) -> Result<RingResult> {
     if procs < 2 {
         return Err(MeasureError::Other("a ring needs at least 2 processes".into()));
     }
-    let job_id = random_job_id();
-    let exe = std::env::current_exe().map_err(|e| MeasureError::Other(format!("current_exe: {e}")))?;
-    let spec = Spec {
-        program: exe.into_os_string(),
-        args: Vec::new(),
-        size: procs,
-        ranks: 1..procs,
-        job_id,
-        env: vec![
-            (ROLE_VAR.into(), "ring".into()),
-            (RING_VAR.into(), messages.to_string().into()),
-        ],
-        label: false,
-    };
-    let mut job = Some(Job::spawn(&spec)?);
-    let boot = BootInfo {
-        rank: 0,
-        size: procs,
-        job_id,
-        local_ranks: (0..procs).collect(),
-        local_index: 0,
-        startup_timeout: Duration::from_secs(60),
-        launcher: Launcher::Env,
-    };
-    let mut ch = ShmChannel::from_boot(&boot)?;
+    let env = vec![
+        (ROLE_VAR.into(), "ring".into()),
+        (RING_VAR.into(), messages.to_string().into()),
+    ];
+    let (job, mut ch) = start_job(procs, env)?;
+    let mut job = Some(job);
     let elapsed = {
         let mut alive = Pair::alive_check(&mut job);
         run_ring(&mut ch, messages, &mut alive)?

@@ -1,23 +1,48 @@
-//! Starting a job's processes on this node and watching them until they end.
+//! Starting a job's processes and watching them until they end.
 //!
-//! Used by `nemesis-run` and by the benchmarks that start their own partners. Every
-//! child gets its rank through the environment (see [`crate::bootstrap`]) and a
-//! parent-death signal, so no rank outlives a launcher that was killed. When one rank
-//! fails the others are ended, and whatever shared-memory file of the job is left is
-//! removed, whatever happened.
+//! Used by `nemesis-run` and by the benchmarks that start their own partners. Ranks learn
+//! their place through PMI-1: a local rank inherits one end of a socketpair (`PMI_FD`)
+//! served by [`server::PmiServer`]; a rank on another host connects back over TCP
+//! (`PMI_PORT`, `PMI_ID`). Every child gets a parent-death signal, so nothing outlives a
+//! launcher that was killed. When one member fails the others are ended, and whatever
+//! shared-memory file of the job is left is removed, whatever happened.
 
-use crate::bootstrap::BootInfo;
+pub mod hosts;
+pub mod server;
+
+use crate::bootstrap::job_id_of;
+use server::{Event, JobInfo, PmiServer};
 use std::ffi::OsString;
 use std::io::{self, BufRead, Write};
+use std::net::TcpListener;
 use std::ops::Range;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// How the ranks reach the process manager.
+#[derive(Debug)]
+pub enum Pmi {
+    /// Serve PMI-1 in this process.
+    Serve {
+        /// MPICH's `PMI_process_mapping`.
+        mapping: String,
+        /// Also accept ranks of other hosts on this listener.
+        listener: Option<TcpListener>,
+        /// A rank that is this process itself: it is served but not started, and its
+        /// socket is handed back by [`Job::take_self_pmi`].
+        self_rank: Option<u32>,
+    },
+    /// Ranks connect to a server elsewhere, at this `host:port`.
+    Port(String),
+}
+
 /// What to start.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Spec {
     /// The program.
     pub program: OsString,
@@ -27,12 +52,19 @@ pub struct Spec {
     pub size: u32,
     /// The ranks to start here.
     pub ranks: Range<u32>,
-    /// The job's identifier.
-    pub job_id: u64,
+    /// The job's key-value space; the job's identifier derives from it.
+    pub kvsname: String,
     /// Extra environment for every rank.
     pub env: Vec<(OsString, OsString)>,
     /// Prefix every output line with `[rank] `.
     pub label: bool,
+    /// How ranks reach the process manager.
+    pub pmi: Pmi,
+}
+
+/// A fresh key-value space name, unique on this machine.
+pub fn new_kvsname() -> String {
+    format!("nemesis-{:016x}", crate::bootstrap::random_job_id())
 }
 
 /// How a process ended.
@@ -112,7 +144,10 @@ pub struct LaunchError {
 
 #[derive(Debug)]
 struct Proc {
-    rank: u32,
+    /// A rank, or a host's first rank.
+    id: u32,
+    /// How messages name it: "rank 3", "host b (ranks 2-3)".
+    name: String,
     pid: libc::pid_t,
     exit: Option<Exit>,
 }
@@ -122,15 +157,18 @@ struct Proc {
 pub struct Job {
     procs: Vec<Proc>,
     job_id: u64,
+    server: Option<PmiServer>,
+    self_pmi: Option<UnixStream>,
     forwarders: Vec<JoinHandle<()>>,
 }
 
 /// How a job ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
-    /// The first rank that ended badly, and how.
+    /// The first member (rank, or host's first rank) that ended badly, and how. A rank
+    /// that called PMI `abort` counts as having exited with its code.
     pub first_failure: Option<(u32, Exit)>,
-    /// Every rank's end, in rank order.
+    /// Every member's end, in order.
     pub exits: Vec<(u32, Exit)>,
     /// The signal that interrupted the launcher, if one did.
     pub interrupted: Option<i32>,
@@ -184,28 +222,114 @@ pub fn catch_signals() {
     }
 }
 
+/// Makes `fd` survive `exec` in the child; run between fork and exec.
+fn keep_across_exec(fd: i32) -> io::Result<()> {
+    // SAFETY: fcntl on a descriptor we own is async-signal-safe.
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Gives the child a process group of its own, so ending it ends whatever it started,
+/// and a parent-death signal; run between fork and exec.
+fn die_with(launcher: libc::pid_t) -> io::Result<()> {
+    // SAFETY: setpgid, prctl and getppid are async-signal-safe system calls.
+    unsafe {
+        if libc::setpgid(0, 0) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // The launcher may have died before the line above took effect.
+        if libc::getppid() != launcher {
+            libc::_exit(137);
+        }
+    }
+    Ok(())
+}
+
 impl Job {
-    /// Starts `spec.ranks`. If one cannot be started, those already started are ended
-    /// and reaped before the error is returned.
-    pub fn spawn(spec: &Spec) -> Result<Self, LaunchError> {
+    /// Starts `spec.ranks`, serving PMI-1 to them when the spec says so. If one cannot
+    /// be started, those already started are ended and reaped before the error.
+    pub fn spawn(spec: Spec) -> Result<Self, LaunchError> {
+        let job_id = job_id_of(&spec.kvsname);
         let mut job = Self {
             procs: Vec::new(),
-            job_id: spec.job_id,
+            job_id,
+            server: None,
+            self_pmi: None,
             forwarders: Vec::new(),
         };
+        let io_err = |rank, source| LaunchError {
+            program: spec.program.clone(),
+            rank,
+            source,
+        };
+        // Sockets of the ranks we serve: ours go to the server, theirs to the children.
+        let mut theirs: Vec<(u32, OwnedFd)> = Vec::new();
+        let mut port = None;
+        match spec.pmi {
+            Pmi::Serve {
+                mapping,
+                listener,
+                self_rank,
+            } => {
+                let mut ours = Vec::new();
+                for rank in spec.ranks.clone().chain(self_rank) {
+                    let (o, t) = server::rank_socket().map_err(|e| io_err(rank, e))?;
+                    ours.push((rank, o));
+                    if Some(rank) == self_rank {
+                        job.self_pmi = Some(UnixStream::from(t));
+                    } else {
+                        theirs.push((rank, t));
+                    }
+                }
+                let debug = std::env::var_os("NEMESIS_PMI_DEBUG").is_some_and(|v| v != "0");
+                let info = JobInfo {
+                    size: spec.size,
+                    kvsname: spec.kvsname.clone(),
+                    mapping,
+                    debug,
+                };
+                job.server =
+                    Some(PmiServer::start(info, ours, listener).map_err(|e| io_err(spec.ranks.start, e))?);
+            }
+            Pmi::Port(addr) => port = Some(addr),
+        }
         // SAFETY: getpid has no preconditions.
         let launcher = unsafe { libc::getpid() };
         for rank in spec.ranks.clone() {
             let mut cmd = Command::new(&spec.program);
             cmd.args(&spec.args);
-            for (k, v) in BootInfo::env_for(rank, spec.size, spec.job_id) {
-                cmd.env(k, v);
+            cmd.env("PMI_RANK", rank.to_string())
+                .env("PMI_SIZE", spec.size.to_string());
+            let fd = theirs
+                .iter()
+                .find(|(r, _)| *r == rank)
+                .map(|(_, fd)| fd.as_raw_fd());
+            match (&port, fd) {
+                (Some(addr), _) => {
+                    cmd.env("PMI_PORT", addr)
+                        .env("PMI_ID", rank.to_string())
+                        .env_remove("PMI_FD");
+                }
+                (None, Some(fd)) => {
+                    cmd.env("PMI_FD", fd.to_string())
+                        .env_remove("PMI_PORT")
+                        .env_remove("PMI_ID");
+                }
+                (None, None) => unreachable!("every served rank has a socket"),
             }
-            cmd.env("NEMESIS_LAUNCHER", "nemesis-run");
             cmd.envs(spec.env.iter().map(|(k, v)| (k, v)));
-            if rank != spec.ranks.start {
-                cmd.stdin(Stdio::null());
-            }
+            // The first rank gets our input through a pipe: outside our process group it
+            // may not read the terminal itself.
+            cmd.stdin(if rank == spec.ranks.start {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            });
             if spec.label {
                 cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
             }
@@ -213,18 +337,18 @@ impl Job {
             // async-signal-safe system calls.
             unsafe {
                 cmd.pre_exec(move || {
-                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                    // The launcher may have died before the line above took effect.
-                    if libc::getppid() != launcher {
-                        libc::_exit(137);
+                    die_with(launcher)?;
+                    if let Some(fd) = fd {
+                        keep_across_exec(fd)?;
                     }
                     Ok(())
                 });
             }
             match cmd.spawn() {
                 Ok(mut child) => {
+                    if let Some(stdin) = child.stdin.take() {
+                        forward_stdin(stdin);
+                    }
                     if spec.label {
                         if let Some(out) = child.stdout.take() {
                             job.forwarders.push(forward(out, rank, false));
@@ -234,7 +358,8 @@ impl Job {
                         }
                     }
                     job.procs.push(Proc {
-                        rank,
+                        id: rank,
+                        name: format!("rank {rank}"),
                         pid: child.id() as libc::pid_t,
                         exit: None,
                     });
@@ -253,6 +378,53 @@ impl Job {
         Ok(job)
     }
 
+    /// Starts one command per host (a launcher such as ssh running a proxy), for a job
+    /// whose PMI server is `server`. `hosts` gives each command, its first rank and the
+    /// name messages use.
+    pub fn spawn_hosts(
+        kvsname: &str,
+        server: PmiServer,
+        hosts: Vec<(u32, String, Vec<OsString>)>,
+    ) -> Result<Self, LaunchError> {
+        let mut job = Self {
+            procs: Vec::new(),
+            job_id: job_id_of(kvsname),
+            server: Some(server),
+            self_pmi: None,
+            forwarders: Vec::new(),
+        };
+        // SAFETY: getpid has no preconditions.
+        let launcher = unsafe { libc::getpid() };
+        for (first, name, argv) in hosts {
+            let mut cmd = Command::new(&argv[0]);
+            cmd.args(&argv[1..]).stdin(Stdio::null());
+            // SAFETY: as in `spawn`.
+            unsafe { cmd.pre_exec(move || die_with(launcher)) };
+            match cmd.spawn() {
+                Ok(child) => job.procs.push(Proc {
+                    id: first,
+                    name,
+                    pid: child.id() as libc::pid_t,
+                    exit: None,
+                }),
+                Err(source) => {
+                    job.end(Duration::from_secs(1));
+                    return Err(LaunchError {
+                        program: argv[0].clone(),
+                        rank: first,
+                        source,
+                    });
+                }
+            }
+        }
+        Ok(job)
+    }
+
+    /// This process's own PMI socket, when the spec served a rank of ours.
+    pub fn take_self_pmi(&mut self) -> Option<UnixStream> {
+        self.self_pmi.take()
+    }
+
     /// The job's identifier.
     pub fn job_id(&self) -> u64 {
         self.job_id
@@ -260,7 +432,7 @@ impl Job {
 
     /// The pid of each started rank.
     pub fn pids(&self) -> Vec<(u32, i32)> {
-        self.procs.iter().map(|p| (p.rank, p.pid)).collect()
+        self.procs.iter().map(|p| (p.id, p.pid)).collect()
     }
 
     /// Reaps whatever has ended, without waiting. Returns the ranks that ended badly.
@@ -274,7 +446,7 @@ impl Job {
                 let e = Exit::from_wait_status(st);
                 p.exit = Some(e);
                 if !e.success() {
-                    bad.push((p.rank, e));
+                    bad.push((p.id, e));
                 }
             } else if r < 0 {
                 // Not our child any more (reaped elsewhere): treat as gone.
@@ -289,10 +461,11 @@ impl Job {
         self.procs.iter().all(|p| p.exit.is_some())
     }
 
+    /// Signals the process group of every member still running.
     fn signal_all(&self, sig: i32) {
         for p in self.procs.iter().filter(|p| p.exit.is_none()) {
-            // SAFETY: sending a signal to our own unreaped child.
-            unsafe { libc::kill(p.pid, sig) };
+            // SAFETY: signalling the process group our own unreaped child leads.
+            unsafe { libc::kill(-p.pid, sig) };
         }
     }
 
@@ -311,25 +484,39 @@ impl Job {
                 std::thread::sleep(Duration::from_millis(2));
             }
         }
+        // Whatever the members started and left behind goes too.
+        for p in &self.procs {
+            // SAFETY: the group was led by our child; signalling an empty group is harmless.
+            unsafe { libc::kill(-p.pid, libc::SIGKILL) };
+        }
     }
 
-    /// Waits for the job: when a rank ends badly, or the launcher is signalled, or time
-    /// runs out, the other ranks are ended. Afterwards the job's shared-memory files are
-    /// removed.
+    /// Waits for the job: when a member ends badly, or a rank calls PMI `abort`, or the
+    /// launcher is signalled, or time runs out, the other members are ended. Afterwards
+    /// the job's shared-memory files on this host are removed.
     pub fn watch(mut self, w: Watch) -> Outcome {
         let start = Instant::now();
         let mut first_failure = None;
         let mut interrupted = None;
         let mut timed_out = false;
         while !self.finished() {
-            if let Some(&(rank, exit)) = self.reap().first() {
-                first_failure = Some((rank, exit));
+            if let Some(&(id, exit)) = self.reap().first() {
+                first_failure = Some((id, exit));
                 if let Some(name) = w.report {
-                    let pid = self.procs.iter().find(|p| p.rank == rank).map_or(0, |p| p.pid);
+                    let p = self.procs.iter().find(|p| p.id == id);
+                    let (who, pid) = p.map_or((format!("rank {id}"), 0), |p| (p.name.clone(), p.pid));
                     let others = self.procs.iter().filter(|p| p.exit.is_none()).count();
-                    eprintln!(
-                        "{name}: rank {rank} (pid {pid}) {exit}; ending the other {others} running ranks"
-                    );
+                    eprintln!("{name}: {who} (pid {pid}) {exit}; ending the other {others} running");
+                }
+                break;
+            }
+            if let Some(Event::Abort { rank, code, message }) =
+                self.server.as_ref().and_then(|s| s.try_event())
+            {
+                first_failure = Some((rank.unwrap_or(0), Exit::Code(code)));
+                if let Some(name) = w.report {
+                    let who = rank.map_or("a rank".into(), |r| format!("rank {r}"));
+                    eprintln!("{name}: {who} aborted the job with status {code}: {message}");
                 }
                 break;
             }
@@ -355,11 +542,14 @@ impl Job {
         }
         self.end(w.grace);
         self.join_forwarders();
+        if let Some(mut s) = self.server.take() {
+            s.stop();
+        }
         cleanup_segments(self.job_id);
         let mut exits: Vec<_> = self
             .procs
             .iter()
-            .map(|p| (p.rank, p.exit.unwrap_or(Exit::Code(0))))
+            .map(|p| (p.id, p.exit.unwrap_or(Exit::Code(0))))
             .collect();
         exits.sort_by_key(|e| e.0);
         Outcome {
@@ -384,6 +574,14 @@ impl Drop for Job {
         }
         cleanup_segments(self.job_id);
     }
+}
+
+/// Copies our standard input to the first rank's until either side closes. The thread
+/// is left running: it may be blocked reading a terminal when the job ends.
+fn forward_stdin(mut to: std::process::ChildStdin) {
+    let _ = std::thread::Builder::new().name("stdin".into()).spawn(move || {
+        let _ = io::copy(&mut io::stdin().lock(), &mut to);
+    });
 }
 
 /// Copies a child's output to ours, one line at a time, each prefixed with its rank.
@@ -445,9 +643,14 @@ mod tests {
             args: vec!["-c".into(), script.into()],
             size: n,
             ranks: 0..n,
-            job_id: crate::bootstrap::random_job_id(),
+            kvsname: new_kvsname(),
             env: Vec::new(),
             label: false,
+            pmi: Pmi::Serve {
+                mapping: server::process_mapping(&[n]),
+                listener: None,
+                self_rank: None,
+            },
         }
     }
 
@@ -461,8 +664,8 @@ mod tests {
 
     #[test]
     fn success_and_rank_environment() {
-        let out = Job::spawn(&sh(
-            r#"test "$NEMESIS_SIZE" = 3 && test "$NEMESIS_RANK" -lt 3"#,
+        let out = Job::spawn(sh(
+            r#"test "$PMI_SIZE" = 3 && test "$PMI_RANK" -lt 3 && test -e /proc/self/fd/$PMI_FD"#,
             3,
         ))
         .unwrap()
@@ -474,7 +677,7 @@ mod tests {
     #[test]
     fn first_failure_ends_the_rest() {
         let start = Instant::now();
-        let out = Job::spawn(&sh(r#"if [ "$NEMESIS_RANK" = 1 ]; then exit 3; fi; sleep 30"#, 3))
+        let out = Job::spawn(sh(r#"if [ "$PMI_RANK" = 1 ]; then exit 3; fi; sleep 30"#, 3))
             .unwrap()
             .watch(quick());
         assert_eq!(out.first_failure, Some((1, Exit::Code(3))));
@@ -492,12 +695,9 @@ mod tests {
 
     #[test]
     fn killed_rank_reports_its_signal() {
-        let out = Job::spawn(&sh(
-            r#"if [ "$NEMESIS_RANK" = 0 ]; then kill -9 $$; fi; sleep 30"#,
-            2,
-        ))
-        .unwrap()
-        .watch(quick());
+        let out = Job::spawn(sh(r#"if [ "$PMI_RANK" = 0 ]; then kill -9 $$; fi; sleep 30"#, 2))
+            .unwrap()
+            .watch(quick());
         assert_eq!(out.first_failure, Some((0, Exit::Signal(9))));
         assert_eq!(out.exit_code(), 137);
     }
@@ -506,7 +706,7 @@ mod tests {
     fn timeout_ends_the_job() {
         let mut w = quick();
         w.timeout = Some(Duration::from_millis(100));
-        let out = Job::spawn(&sh("sleep 30", 2)).unwrap().watch(w);
+        let out = Job::spawn(sh("sleep 30", 2)).unwrap().watch(w);
         assert!(out.timed_out);
         assert_eq!(out.exit_code(), 124);
     }
@@ -515,7 +715,7 @@ mod tests {
     fn missing_program_is_an_error() {
         let mut s = sh("true", 2);
         s.program = "/nonexistent/program".into();
-        let e = Job::spawn(&s).unwrap_err();
+        let e = Job::spawn(s).unwrap_err();
         assert_eq!(e.rank, 0);
         assert_eq!(e.source.kind(), io::ErrorKind::NotFound);
     }

@@ -1,0 +1,318 @@
+//! Who this process is in the job, and which processes share its node.
+//!
+//! There is one path: a PMI-1 process manager when the environment names one
+//! (`PMI_FD`, or `PMI_PORT` with `PMI_ID`), as Hydra's `mpiexec`, Slurm's
+//! `srun --mpi=pmi2` and `nemesis-run` all do; otherwise a singleton. Each rank
+//! publishes its host identity in the key-value space, so locality needs nothing
+//! launcher-specific, and node-local rank 0 publishes the name of the node's segment.
+//! The connection stays open, so network modules can fetch business cards lazily.
+
+mod pmi;
+pub mod wire;
+
+pub use pmi::{Maxes, PmiClient, PmiError};
+
+use std::time::Duration;
+
+/// A process's index in the job.
+pub type Rank = u32;
+
+/// Most ranks in one job.
+pub const MAX_RANKS: u32 = 1 << 20;
+
+/// How long start-up waits for the other processes unless `NEMESIS_STARTUP_TIMEOUT` says.
+pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Why this process could not learn its place in the job.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BootError {
+    /// A variable is set but its value is unusable.
+    #[error("invalid {var}={value:?}: {reason}")]
+    Invalid {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The process manager failed us.
+    #[error(transparent)]
+    Pmi(#[from] PmiError),
+    /// The key-value space lacks what another rank should have put there.
+    #[error("rank {rank}'s {what} is missing from the key-value space")]
+    Missing {
+        /// Whose.
+        rank: Rank,
+        /// What.
+        what: &'static str,
+    },
+}
+
+/// How the process was started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Launcher {
+    /// By a PMI-1 process manager.
+    Pmi,
+    /// Alone.
+    Singleton,
+}
+
+/// This process's place in the job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootInfo {
+    /// Our rank.
+    pub rank: Rank,
+    /// Ranks in the job.
+    pub size: u32,
+    /// The job's identifier, unique on the node for as long as the job runs.
+    pub job_id: u64,
+    /// The ranks on our node, in node-local order; ours is at `local_index`.
+    pub local_ranks: Vec<Rank>,
+    /// Our position in `local_ranks`.
+    pub local_index: u32,
+    /// What identifies our node: host name and network namespace.
+    pub host: String,
+    /// The name of our node's shared segment.
+    pub segment: String,
+    /// How long to wait for the other processes during start-up.
+    pub startup_timeout: Duration,
+    /// How we were started.
+    pub launcher: Launcher,
+}
+
+impl BootInfo {
+    /// A job of one.
+    pub fn singleton(job_id: u64, startup_timeout: Duration) -> Self {
+        Self {
+            rank: 0,
+            size: 1,
+            job_id,
+            local_ranks: vec![0],
+            local_index: 0,
+            host: host_identity(),
+            segment: String::new(),
+            startup_timeout,
+            launcher: Launcher::Singleton,
+        }
+    }
+
+    /// An identifier of our node's group: the lowest rank on it.
+    pub fn node(&self) -> u32 {
+        self.local_ranks.iter().copied().min().unwrap_or(self.rank)
+    }
+}
+
+/// A process's place in the job, and its line to the process manager.
+#[derive(Debug)]
+pub struct Boot {
+    /// Who and where we are.
+    pub info: BootInfo,
+    pmi: Option<PmiClient>,
+}
+
+/// The key-value name of a rank's host identity.
+fn host_key(rank: Rank) -> String {
+    format!("nem-host-{rank}")
+}
+
+/// The key-value name of a node's segment, by its leader.
+fn segment_key(leader: Rank) -> String {
+    format!("nem-seg-{leader}")
+}
+
+impl Boot {
+    /// Joins the job the environment describes, or starts a singleton.
+    pub fn init() -> Result<Self, BootError> {
+        let timeout = startup_timeout(|k| std::env::var(k).ok())?;
+        match PmiClient::from_env(timeout)? {
+            Some(client) => Self::with_client(client, timeout),
+            None => Ok(Self {
+                info: BootInfo::singleton(crate::bootstrap::random_job_id(), timeout),
+                pmi: None,
+            }),
+        }
+    }
+
+    /// Joins through a connected PMI client: `init`, host identities, locality, and the
+    /// node's segment name. Two PMI barriers.
+    pub fn with_client(mut pmi: PmiClient, timeout: Duration) -> Result<Self, BootError> {
+        pmi.init()?;
+        let (rank, size) = (pmi.rank(), pmi.size());
+        if size > MAX_RANKS {
+            return Err(BootError::Invalid {
+                var: "PMI size",
+                value: size.to_string(),
+                reason: format!("at most {MAX_RANKS} ranks"),
+            });
+        }
+        let host = host_identity();
+        pmi.put(&host_key(rank), &wire::hex(host.as_bytes()))?;
+        pmi.barrier()?;
+        let mut local_ranks = Vec::new();
+        for r in 0..size {
+            let other = if r == rank {
+                host.clone()
+            } else {
+                let v = pmi.get(&host_key(r))?.ok_or(BootError::Missing {
+                    rank: r,
+                    what: "host identity",
+                })?;
+                wire::unhex(&v)
+                    .and_then(|b| String::from_utf8(b).ok())
+                    .ok_or(BootError::Missing {
+                        rank: r,
+                        what: "host identity (unreadable)",
+                    })?
+            };
+            if other == host {
+                local_ranks.push(r);
+            }
+        }
+        let job_id = job_id_of(pmi.kvsname());
+        let leader = local_ranks[0];
+        if rank == leader {
+            pmi.put(
+                &segment_key(leader),
+                &nemesis_shm::config::segment_name(job_id, leader),
+            )?;
+        }
+        pmi.barrier()?;
+        let segment = pmi.get(&segment_key(leader))?.ok_or(BootError::Missing {
+            rank: leader,
+            what: "segment name",
+        })?;
+        let local_index = local_ranks.iter().position(|&r| r == rank).unwrap_or(0) as u32;
+        let info = BootInfo {
+            rank,
+            size,
+            job_id,
+            local_ranks,
+            local_index,
+            host,
+            segment,
+            startup_timeout: timeout,
+            launcher: Launcher::Pmi,
+        };
+        Ok(Self { info, pmi: Some(pmi) })
+    }
+
+    /// Publishes `value` (any bytes) under our rank's `name`, for others to fetch after
+    /// the next barrier.
+    pub fn publish(&mut self, name: &str, value: &[u8]) -> Result<(), BootError> {
+        match &mut self.pmi {
+            Some(p) => Ok(p.put(&format!("{name}-{}", self.info.rank), &wire::hex(value))?),
+            None => Ok(()),
+        }
+    }
+
+    /// Fetches what `rank` published under `name`.
+    pub fn fetch(&mut self, rank: Rank, name: &'static str) -> Result<Vec<u8>, BootError> {
+        let p = self.pmi.as_mut().ok_or(BootError::Missing { rank, what: name })?;
+        let v = p
+            .get(&format!("{name}-{rank}"))?
+            .ok_or(BootError::Missing { rank, what: name })?;
+        wire::unhex(&v).ok_or(BootError::Missing { rank, what: name })
+    }
+
+    /// Waits for every rank (a no-op for a singleton).
+    pub fn barrier(&mut self) -> Result<(), BootError> {
+        match &mut self.pmi {
+            Some(p) => Ok(p.barrier()?),
+            None => Ok(()),
+        }
+    }
+
+    /// Asks the process manager to end the job with `code`.
+    pub fn abort(&mut self, code: i32, message: &str) -> Result<(), BootError> {
+        match &mut self.pmi {
+            Some(p) => Ok(p.abort(code, message)?),
+            None => Ok(()),
+        }
+    }
+
+    /// Says goodbye to the process manager; also done on drop.
+    pub fn finalize(&mut self) -> Result<(), BootError> {
+        match &mut self.pmi {
+            Some(p) => Ok(p.finalize()?),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Boot {
+    fn drop(&mut self) {
+        let _ = self.finalize();
+    }
+}
+
+/// What makes two processes "on the same node": the host name and the network
+/// namespace. Processes in different namespaces of one machine count as different
+/// hosts, as they would be in containers.
+pub fn host_identity() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: `buf` is valid for its length; gethostname NUL-terminates within it.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    let name = if rc == 0 {
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    } else {
+        "unknown-host".into()
+    };
+    let netns = std::fs::read_link("/proc/self/ns/net")
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    format!("{name}/{netns}")
+}
+
+/// The short host name, for messages.
+pub fn host_name() -> String {
+    host_identity()
+        .split('/')
+        .next()
+        .unwrap_or("unknown-host")
+        .to_string()
+}
+
+/// The job identifier belonging to a key-value space name: every process of the job
+/// derives the same one, and a launcher can derive it too.
+pub fn job_id_of(kvsname: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in kvsname.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h.max(1)
+}
+
+fn startup_timeout(get: impl Fn(&str) -> Option<String>) -> Result<Duration, BootError> {
+    match get("NEMESIS_STARTUP_TIMEOUT") {
+        None => Ok(DEFAULT_STARTUP_TIMEOUT),
+        Some(v) => v
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e9)
+            .map(Duration::from_secs_f64)
+            .ok_or_else(|| BootError::Invalid {
+                var: "NEMESIS_STARTUP_TIMEOUT",
+                value: v.clone(),
+                reason: "expected a positive number of seconds".into(),
+            }),
+    }
+}
+
+/// A job identifier that no other job on this machine is using: random bits from the
+/// kernel, mixed with the pid and the clock in case the kernel has none to give.
+pub fn random_job_id() -> u64 {
+    let mut buf = [0u8; 8];
+    // SAFETY: `buf` is valid for 8 bytes of writes.
+    let got = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), libc::GRND_NONBLOCK) };
+    let mut id = if got == 8 { u64::from_ne_bytes(buf) } else { 0 };
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    id ^= t.rotate_left(17) ^ (std::process::id() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    id.max(1)
+}
