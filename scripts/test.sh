@@ -4,8 +4,11 @@
 #
 #   scripts/test.sh
 #
-# It installs the system packages the tests need (valgrind) with apt-get when they are
-# missing. LOOM_MAX_PREEMPTIONS, when set, overrides each model's preemption bound.
+# It installs what the tests need when it is missing: valgrind (instruction counts),
+# MPICH (Hydra's mpiexec and mpicc, for the interoperability tests), iproute2 (network
+# namespaces for the multi-host tests), with apt-get; cargo-fuzz with cargo.
+# LOOM_MAX_PREEMPTIONS, when set, overrides each model's preemption bound;
+# FUZZ_SECONDS (default 20) is how long each fuzz target runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +16,9 @@ step() { printf '\n== %s\n' "$*"; }
 
 missing=()
 command -v valgrind >/dev/null || missing+=(valgrind)
+command -v mpiexec.mpich >/dev/null || missing+=(mpich)
+command -v mpicc.mpich >/dev/null || missing+=(libmpich-dev)
+command -v ip >/dev/null || missing+=(iproute2)
 if ((${#missing[@]})); then
     step "installing ${missing[*]}"
     if [ "$(id -u)" -ne 0 ]; then sudo=sudo; else sudo=; fi
@@ -35,5 +41,8 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --locked -p loom-
 
 step "instruction count script"
 scripts/icount.sh channel 1000
+
+step "fuzz targets"
+scripts/fuzz.sh "${FUZZ_SECONDS:-20}"
 
 step "all tests passed"
