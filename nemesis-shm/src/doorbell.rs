@@ -7,7 +7,8 @@
 //! add comes later and sees the sleeping bit (and wakes), or the sleeper's RMW comes
 //! later and acquires the sender's work. No SeqCst fence is needed, and loom can check it.
 
-use crate::sync::{AtomicU32, Ordering};
+use crate::futex::Futex;
+use crate::sync::Ordering;
 use std::time::Duration;
 
 const SLEEPING: u32 = 1;
@@ -17,11 +18,7 @@ const RING: u32 = 2;
 #[derive(Debug, Default)]
 #[repr(C)]
 pub struct Doorbell {
-    word: AtomicU32,
-    #[cfg(loom)]
-    lock: loom::sync::Mutex<()>,
-    #[cfg(loom)]
-    cv: loom::sync::Condvar,
+    word: Futex,
 }
 
 impl Doorbell {
@@ -36,7 +33,7 @@ impl Doorbell {
     pub fn ring(&self) {
         let old = self.word.fetch_add(RING, Ordering::AcqRel);
         if old & SLEEPING != 0 {
-            self.wake();
+            self.word.wake(1);
         }
     }
 
@@ -56,65 +53,7 @@ impl Doorbell {
     /// Sleeps until a sender rings after `announce` returned `token`, or until `timeout`.
     /// Returns at once if one already did. Spurious returns are possible.
     pub fn sleep(&self, token: u32, timeout: Option<Duration>) {
-        self.futex_wait(token, timeout);
-    }
-
-    #[cfg(not(loom))]
-    fn futex_wait(&self, token: u32, timeout: Option<Duration>) {
-        let ts = timeout.map(|t| libc::timespec {
-            tv_sec: t.as_secs().min(i32::MAX as u64) as libc::time_t,
-            tv_nsec: t.subsec_nanos() as libc::c_long,
-        });
-        let ts_ptr = ts
-            .as_ref()
-            .map_or(core::ptr::null(), |t| t as *const libc::timespec);
-        // SAFETY: the word is a live, aligned u32 in memory shared by the waiters and
-        // wakers, and `ts_ptr` is null or points to a timespec that outlives the call.
-        // Not FUTEX_PRIVATE: the word is in a MAP_SHARED mapping used by other processes.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                self.word.as_ptr(),
-                libc::FUTEX_WAIT,
-                token,
-                ts_ptr,
-                core::ptr::null::<u32>(),
-                0u32,
-            );
-        }
-    }
-
-    #[cfg(not(loom))]
-    fn wake(&self) {
-        // SAFETY: as in `futex_wait`; FUTEX_WAKE only reads the address.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                self.word.as_ptr(),
-                libc::FUTEX_WAKE,
-                1u32,
-                core::ptr::null::<libc::timespec>(),
-                core::ptr::null::<u32>(),
-                0u32,
-            );
-        }
-    }
-
-    // The kernel checks the futex word and queues the waiter under one lock, and a wake
-    // takes the same lock: a mutex and a condition variable model exactly that.
-    #[cfg(loom)]
-    fn futex_wait(&self, token: u32, _timeout: Option<Duration>) {
-        let guard = self.lock.lock().unwrap();
-        if self.word.load(Ordering::SeqCst) != token {
-            return;
-        }
-        drop(self.cv.wait(guard).unwrap());
-    }
-
-    #[cfg(loom)]
-    fn wake(&self) {
-        let _guard = self.lock.lock().unwrap();
-        self.cv.notify_all();
+        self.word.wait(token, timeout);
     }
 }
 

@@ -12,9 +12,11 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+pub mod coll;
 pub mod config;
 pub mod doorbell;
 pub mod error;
+pub mod futex;
 pub mod heap;
 pub mod port;
 pub mod queue;

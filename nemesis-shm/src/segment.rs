@@ -1,5 +1,5 @@
 //! The node's shared segment: one mapping holding every process's queues, doorbell and
-//! cells, and the fastbox of every ordered pair.
+//! cells, the fastbox of every ordered pair, and the blocks of node collectives.
 //!
 //! Node-local process 0 creates the file under a temporary name, reserves its full size
 //! with `posix_fallocate` (so a full /dev/shm is an error now, not a SIGBUS later),
@@ -7,12 +7,13 @@
 //! check the header, everyone meets at a barrier in the segment, and the creator unlinks
 //! the file: from then on a crash of any process leaves nothing behind.
 
+use crate::coll::{self, Block, CollHead};
 use crate::config::{CELL_HEADER, FBOX_HEADER, Geometry, MAX_LOCAL_PROCS};
 use crate::doorbell::Doorbell;
 use crate::error::{Bytes, ShmError};
 use crate::queue::{Links, QueueShared};
 use crate::region::{CellAccess, CellMeta, Envelope, FboxAccess, Region, gather};
-use crate::sync::{AtomicU32, AtomicU64, CachePadded, Ordering};
+use crate::sync::{AtomicU32, AtomicU64, CachePadded, Ordering, PAD, UnsafeCell};
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::marker::PhantomData;
@@ -28,7 +29,7 @@ use std::time::{Duration, Instant};
 /// The first word of every segment.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"NEMESIS\x01");
 /// Bumped whenever the meaning of the layout changes without its shape changing.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 
 #[repr(C)]
 struct SegHeader {
@@ -107,7 +108,7 @@ const _: () = {
 /// A fingerprint of every shared structure's shape. Builds that disagree refuse to share
 /// a segment rather than corrupt it.
 pub const LAYOUT_HASH: u64 = {
-    let parts: [usize; 22] = [
+    let parts: [usize; 26] = [
         LAYOUT_VERSION as usize,
         size_of::<SegHeader>(),
         offset_of!(SegHeader, nprocs),
@@ -130,6 +131,10 @@ pub const LAYOUT_HASH: u64 = {
         size_of::<FboxHead>(),
         offset_of!(FboxHead, ack),
         offset_of!(FboxHead, env),
+        size_of::<CollHead>(),
+        coll::BLOCKS,
+        coll::SLOT_WORDS,
+        size_of::<UnsafeCell<u64>>(),
     ];
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut i = 0;
@@ -156,6 +161,9 @@ struct Layout {
     geo: Geometry,
     procs: usize,
     fboxes: usize,
+    /// The collective blocks, each a head and its slots.
+    colls: usize,
+    coll_stride: usize,
     cells: usize,
     total_cells: usize,
     total: usize,
@@ -184,7 +192,10 @@ impl Layout {
         } else {
             n * (n - 1) * geo.fbox_size as usize
         };
-        let cells = (fboxes + fbox_bytes).next_multiple_of(PAGE);
+        let colls = (fboxes + fbox_bytes).next_multiple_of(PAD);
+        let coll_stride = (size_of::<CollHead>() + coll::slot_words(n) * size_of::<UnsafeCell<u64>>())
+            .next_multiple_of(PAD);
+        let cells = (colls + coll::BLOCKS * coll_stride).next_multiple_of(PAGE);
         let total_cells = n
             .checked_mul(geo.cells_per_proc as usize)
             .filter(|&c| c < u32::MAX as usize)
@@ -200,6 +211,8 @@ impl Layout {
             geo,
             procs,
             fboxes,
+            colls,
+            coll_stride,
             cells,
             total_cells,
             total,
@@ -659,6 +672,28 @@ impl Segment {
         self.layout.geo
     }
 
+    /// Collective block `i` (below [`coll::BLOCKS`]), with room for every local process.
+    pub fn coll_block(&self, i: usize) -> Option<Block<'_>> {
+        if i >= coll::BLOCKS {
+            return None;
+        }
+        let l = &self.layout;
+        let n = l.nprocs as usize;
+        // SAFETY: block `i` lies inside the mapping by construction of the layout, at a
+        // 128-byte boundary; zeroed memory is a valid `CollHead` and valid `u64` words,
+        // and every word is only used through `Block`'s protocol.
+        let (head, words) = unsafe {
+            let at = self.map.base.as_ptr().add(l.colls + i * l.coll_stride);
+            let head = &*at.cast::<CollHead>();
+            let words = std::slice::from_raw_parts(
+                at.add(size_of::<CollHead>()).cast::<UnsafeCell<u64>>(),
+                coll::slot_words(n),
+            );
+            (head, words)
+        };
+        Some(Block::new(head, words, n))
+    }
+
     /// Cache lines reserved for measuring the raw line-transfer time between two
     /// processes, next to which message latencies are reported.
     pub fn probe_lines(&self) -> [&AtomicU64; 2] {
@@ -1072,10 +1107,13 @@ mod tests {
     #[test]
     fn default_memory_for_64_processes() {
         let bytes = Segment::bytes_for(64, Geometry::default()).unwrap();
-        // Cells dominate: 64 x 64 x 8 KiB, plus 64 x 63 fastboxes of 1152 bytes.
+        // Cells dominate: 64 x 64 x 8 KiB, plus 64 x 63 fastboxes of 1152 bytes, and
+        // eight collective blocks of a 384-byte head and 2 x 64 slots of 272 bytes.
+        let fboxes_end = 512 + 64 * 512 + 64 * 63 * 1152usize;
+        let colls = 8 * (384 + 2 * 64 * 272);
         assert_eq!(
             bytes,
-            (512 + 64 * 512 + 64 * 63 * 1152usize).next_multiple_of(4096) + 64 * 64 * 8192
+            (fboxes_end + colls).next_multiple_of(4096) + 64 * 64 * 8192
         );
     }
 }

@@ -22,6 +22,12 @@ pub trait Variant: 'static {
     const SEQ_CHECK: bool = true;
     /// Whether a sleeper looks for work again after announcing that it sleeps.
     const WAKE_RECHECK: bool = true;
+    /// A member's RMW arriving at a node barrier, which orders its slot before the
+    /// release.
+    const COLL_ARRIVE: Ordering = Ordering::AcqRel;
+    /// Whether the last arrival at a node barrier advances the generation with an RMW,
+    /// which cannot miss a sleeper's announcement.
+    const COLL_RELEASE_RMW: bool = true;
 }
 
 /// The correct protocol.
@@ -95,4 +101,24 @@ pub enum NoWakeRecheck {}
 #[cfg(loom)]
 impl Variant for NoWakeRecheck {
     const WAKE_RECHECK: bool = false;
+}
+
+/// Broken: arrivals at a node barrier are Relaxed, so the last member reads slots it
+/// has not synchronised with.
+#[cfg(loom)]
+#[derive(Debug)]
+pub enum RelaxedArrive {}
+#[cfg(loom)]
+impl Variant for RelaxedArrive {
+    const COLL_ARRIVE: Ordering = Ordering::Relaxed;
+}
+
+/// Broken: the last arrival at a node barrier loads the generation word and stores the
+/// next, so a sleeper announcing in between is neither seen nor woken.
+#[cfg(loom)]
+#[derive(Debug)]
+pub enum PlainRelease {}
+#[cfg(loom)]
+impl Variant for PlainRelease {
+    const COLL_RELEASE_RMW: bool = false;
 }
