@@ -12,9 +12,10 @@ mod wait;
 
 pub use crate::bootstrap::Rank;
 pub use shm::ShmChannel;
-pub use wait::WaitPolicy;
+pub use wait::{WaitPolicy, usable_cpus};
 
-use nemesis_shm::Envelope;
+use nemesis_shm::{Envelope, Segment};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The fixed header of every packet. The channel carries it without interpreting it;
@@ -180,12 +181,28 @@ pub trait Channel {
     /// place. Returns how many packets it handed up.
     fn poll<F: FnMut(Packet<'_>)>(&mut self, sink: F) -> Result<usize, ChannelError>;
 
+    /// Hands `sink` the next packet from `peer` if the transport can find it without
+    /// looking anywhere else, and says whether it did: a shortcut for a receiver that
+    /// knows whom it waits for. `false` says nothing about what else has arrived, and
+    /// moves nothing else on; [`Channel::poll`] does that.
+    #[inline]
+    fn poll_from<F: FnMut(Packet<'_>)>(&mut self, peer: Rank, sink: F) -> bool {
+        let _ = (peer, sink);
+        false
+    }
+
     /// Waits until a poll may find something, or `timeout` passes: first spinning, then
     /// yielding, then asleep until a peer rings. May return early.
     fn wait(&mut self, timeout: Option<Duration>) -> Result<(), ChannelError>;
 
     /// Fails if `peer` is known to have died or left.
     fn check_peer(&self, peer: Rank) -> Result<(), ChannelError>;
+
+    /// The node's shared segment, if every rank that [`Channel::is_local`] reports maps
+    /// it: collectives among local ranks meet in its blocks instead of sending messages.
+    fn node_segment(&self) -> Option<Arc<Segment>> {
+        None
+    }
 
     /// Sends one contiguous payload.
     #[inline]
@@ -231,6 +248,58 @@ pub trait Channel {
             self.wait(Some(deadline - now))?;
         }
         Ok(())
+    }
+}
+
+/// A borrowed channel is a channel: a [`crate::World`] can borrow one for a while and
+/// hand it back.
+impl<C: Channel + ?Sized> Channel for &mut C {
+    #[inline(always)]
+    fn rank(&self) -> Rank {
+        (**self).rank()
+    }
+    #[inline(always)]
+    fn size(&self) -> u32 {
+        (**self).size()
+    }
+    #[inline(always)]
+    fn is_local(&self, peer: Rank) -> bool {
+        (**self).is_local(peer)
+    }
+    #[inline(always)]
+    fn max_payload(&self) -> usize {
+        (**self).max_payload()
+    }
+    #[inline(always)]
+    fn send(&mut self, peer: Rank, header: Header, payload: &[&[u8]]) -> Result<SendStatus, ChannelError> {
+        (**self).send(peer, header, payload)
+    }
+    #[inline(always)]
+    fn is_sent(&self, ticket: SendTicket) -> bool {
+        (**self).is_sent(ticket)
+    }
+    #[inline(always)]
+    fn pending(&self) -> usize {
+        (**self).pending()
+    }
+    #[inline(always)]
+    fn poll<F: FnMut(Packet<'_>)>(&mut self, sink: F) -> Result<usize, ChannelError> {
+        (**self).poll(sink)
+    }
+    #[inline(always)]
+    fn poll_from<F: FnMut(Packet<'_>)>(&mut self, peer: Rank, sink: F) -> bool {
+        (**self).poll_from(peer, sink)
+    }
+    #[inline(always)]
+    fn wait(&mut self, timeout: Option<Duration>) -> Result<(), ChannelError> {
+        (**self).wait(timeout)
+    }
+    #[inline(always)]
+    fn check_peer(&self, peer: Rank) -> Result<(), ChannelError> {
+        (**self).check_peer(peer)
+    }
+    fn node_segment(&self) -> Option<Arc<Segment>> {
+        (**self).node_segment()
     }
 }
 
