@@ -15,6 +15,26 @@
 //! ch.flush(std::time::Duration::from_secs(10))?;
 //! # Ok::<(), nemesis::ChannelError>(())
 //! ```
+//!
+//! Two-sided tagged messaging and collectives ([`World`], in [`p2p`]) are written against
+//! the channel trait alone:
+//!
+//! ```no_run
+//! use nemesis::{ANY_SOURCE, ANY_TAG, Op};
+//! let mut world = nemesis::init()?;
+//! let comm = world.comm();
+//! let (me, n) = (world.rank(), world.size());
+//! let (outbox, mut inbox) = (u64::from(me).to_le_bytes(), [0u8; 8]);
+//! world.scope(|s| -> Result<(), nemesis::P2pError> {
+//!     let r = s.irecv(&comm, ANY_SOURCE, ANY_TAG, &mut inbox)?;
+//!     let w = s.isend(&comm, (me + 1) % n, 0, &outbox)?;
+//!     s.waitall(vec![r, w])?;
+//!     Ok(())
+//! })?;
+//! let mut sum = [f64::from(me)];
+//! world.allreduce(&comm, &mut sum, Op::Sum)?;
+//! # Ok::<(), nemesis::P2pError>(())
+//! ```
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
@@ -23,7 +43,9 @@ pub mod bootstrap;
 pub mod channel;
 pub mod launch;
 pub mod measure;
+pub mod p2p;
 
 pub use bootstrap::{BootInfo, Rank};
 pub use channel::{Channel, ChannelError, Header, Packet, SendStatus, SendTicket, ShmChannel, WaitPolicy};
 pub use nemesis_shm as shm;
+pub use p2p::{ANY_SOURCE, ANY_TAG, Comm, Op, P2pError, Status, World, init};

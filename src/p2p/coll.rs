@@ -1,0 +1,614 @@
+//! Collectives, built on point-to-point messages in each communicator's collective
+//! context, with algorithms whose depth grows with the logarithm of the size:
+//!
+//! | collective | algorithm |
+//! |---|---|
+//! | barrier | dissemination |
+//! | bcast, reduce | binomial tree |
+//! | allreduce | recursive doubling, with the usual fold for sizes that are not powers of two |
+//! | gather | binomial tree of contiguous blocks |
+//! | allgather | ring |
+//! | alltoall | pairwise exchange |
+//!
+//! Every collective message's tag encodes the collective, the operation and the element
+//! type, and receivers take the next collective message from the expected peer and check
+//! its tag and length: ranks that disagree get [`P2pError::CollectiveMismatch`] where a
+//! plain tag match would hang.
+
+use super::comm::{Comm, CommInner};
+use super::engine::World;
+use super::node::{self, NodeColl};
+use super::{P2pError, Status};
+use crate::channel::Channel;
+use bytemuck::Pod;
+use std::sync::Arc;
+
+/// A reduction operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Op {
+    /// Sum (wrapping for integers).
+    Sum,
+    /// Product (wrapping for integers).
+    Prod,
+    /// Minimum.
+    Min,
+    /// Maximum.
+    Max,
+    /// Bitwise and (integers only).
+    BitAnd,
+    /// Bitwise or (integers only).
+    BitOr,
+    /// Bitwise exclusive or (integers only).
+    BitXor,
+}
+
+impl Op {
+    fn code(self) -> i32 {
+        self as i32 + 1
+    }
+}
+
+/// An element type that collectives can reduce.
+pub trait Reducible: Pod {
+    /// Distinguishes the type on the wire, so mismatched ranks are caught.
+    const TYPE_CODE: u8;
+    /// `acc[i] = acc[i] (op) other[i]`.
+    fn combine(op: Op, acc: &mut [Self], other: &[Self]) -> Result<(), P2pError>;
+}
+
+macro_rules! int_reducible {
+    ($($t:ty = $code:expr),*) => {$(
+        impl Reducible for $t {
+            const TYPE_CODE: u8 = $code;
+            fn combine(op: Op, acc: &mut [Self], other: &[Self]) -> Result<(), P2pError> {
+                let f: fn($t, $t) -> $t = match op {
+                    Op::Sum => <$t>::wrapping_add,
+                    Op::Prod => <$t>::wrapping_mul,
+                    Op::Min => std::cmp::min,
+                    Op::Max => std::cmp::max,
+                    Op::BitAnd => |a, b| a & b,
+                    Op::BitOr => |a, b| a | b,
+                    Op::BitXor => |a, b| a ^ b,
+                };
+                for (a, b) in acc.iter_mut().zip(other) {
+                    *a = f(*a, *b);
+                }
+                Ok(())
+            }
+        }
+    )*};
+}
+
+macro_rules! float_reducible {
+    ($($t:ty = $code:expr),*) => {$(
+        impl Reducible for $t {
+            const TYPE_CODE: u8 = $code;
+            fn combine(op: Op, acc: &mut [Self], other: &[Self]) -> Result<(), P2pError> {
+                let f: fn($t, $t) -> $t = match op {
+                    Op::Sum => |a, b| a + b,
+                    Op::Prod => |a, b| a * b,
+                    Op::Min => <$t>::min,
+                    Op::Max => <$t>::max,
+                    _ => return Err(P2pError::InvalidArgument(format!("{op:?} is not defined for {}", stringify!($t)))),
+                };
+                for (a, b) in acc.iter_mut().zip(other) {
+                    *a = f(*a, *b);
+                }
+                Ok(())
+            }
+        }
+    )*};
+}
+
+int_reducible!(
+    i8 = 1,
+    i16 = 2,
+    i32 = 3,
+    i64 = 4,
+    u8 = 5,
+    u16 = 6,
+    u32 = 7,
+    u64 = 8,
+    isize = 11,
+    usize = 12
+);
+float_reducible!(f32 = 9, f64 = 10);
+
+/// Which collective a message belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Barrier = 1,
+    Bcast = 2,
+    Reduce = 3,
+    Allreduce = 4,
+    Gather = 5,
+    Allgather = 6,
+    Alltoall = 7,
+    Split = 8,
+    Attach = 9,
+}
+
+fn tag(kind: Kind, op: i32, ty: u8) -> i32 {
+    (kind as i32) << 20 | op << 12 | (ty as i32) << 4
+}
+
+fn describe(tag: i32) -> String {
+    let kinds = [
+        "?",
+        "barrier",
+        "bcast",
+        "reduce",
+        "allreduce",
+        "gather",
+        "allgather",
+        "alltoall",
+        "split",
+        "attach",
+    ];
+    let k = kinds.get((tag >> 20) as usize).copied().unwrap_or("?");
+    format!(
+        "{k} (op {}, element type {})",
+        (tag >> 12) & 0xff,
+        (tag >> 4) & 0xff
+    )
+}
+
+impl<C: Channel> World<C> {
+    fn coll_send(&mut self, c: &Arc<CommInner>, dest: u32, tag: i32, data: &[u8]) -> Result<(), P2pError> {
+        self.send_in(c, c.ctx + 1, dest, tag, data)
+    }
+
+    /// Receives exactly `buf.len()` bytes of the collective `tag` from `src`.
+    fn coll_recv(&mut self, c: &Arc<CommInner>, src: u32, tag: i32, buf: &mut [u8]) -> Result<(), P2pError> {
+        let st = self
+            .recv_in(c, c.ctx + 1, Some(src), None, buf)
+            .map_err(|e| Self::too_long(e, src, tag))?;
+        Self::check_coll(st, src, tag, buf.len())
+    }
+
+    /// A collective message longer than expected is a mismatch between the ranks.
+    fn too_long(e: P2pError, src: u32, tag: i32) -> P2pError {
+        match e {
+            P2pError::Truncated {
+                message_len,
+                buffer_len,
+            } => P2pError::CollectiveMismatch(format!(
+                "{}: rank {src} sent {message_len} bytes, this rank expected {buffer_len}",
+                describe(tag)
+            )),
+            other => other,
+        }
+    }
+
+    fn check_coll(st: Status, src: u32, tag: i32, want: usize) -> Result<(), P2pError> {
+        if st.tag != tag {
+            return Err(P2pError::CollectiveMismatch(format!(
+                "rank {src} is in {}, this rank in {}",
+                describe(st.tag),
+                describe(tag)
+            )));
+        }
+        if st.len != want {
+            return Err(P2pError::CollectiveMismatch(format!(
+                "{}: rank {src} sent {} bytes, this rank expected {want}",
+                describe(tag),
+                st.len
+            )));
+        }
+        Ok(())
+    }
+
+    fn coll_sendrecv(
+        &mut self,
+        c: &Arc<CommInner>,
+        dest: u32,
+        src: u32,
+        tag: i32,
+        send: &[u8],
+        recv: &mut [u8],
+    ) -> Result<(), P2pError> {
+        let st = self
+            .sendrecv_in(c, c.ctx + 1, dest, tag, send, Some(src), None, recv)
+            .map_err(|e| Self::too_long(e, src, tag))?;
+        Self::check_coll(st, src, tag, recv.len())
+    }
+
+    fn check_root(c: &CommInner, root: u32) -> Result<(), P2pError> {
+        if root as usize >= c.ranks.len() {
+            return Err(P2pError::InvalidRank {
+                rank: root,
+                size: c.ranks.len() as u32,
+            });
+        }
+        Ok(())
+    }
+
+    /// Returns once every rank of `comm` has called it.
+    pub fn barrier(&mut self, comm: &Comm) -> Result<(), P2pError> {
+        let c = self.check_comm(comm)?;
+        if let Some(nc) = &c.node {
+            return self.node_barrier(c, nc);
+        }
+        let (r, n) = (c.rank, c.ranks.len() as u32);
+        let t = tag(Kind::Barrier, 0, 0);
+        let mut dist = 1;
+        while dist < n {
+            self.coll_sendrecv(c, (r + dist) % n, (r + n - dist) % n, t, &[], &mut [])?;
+            dist <<= 1;
+        }
+        Ok(())
+    }
+
+    /// Copies `data` from `root` to every rank; all must pass the same length.
+    pub fn bcast<T: Pod>(&mut self, comm: &Comm, root: u32, data: &mut [T]) -> Result<(), P2pError> {
+        let c = self.check_comm(comm)?;
+        Self::check_root(c, root)?;
+        let t = tag(Kind::Bcast, 0, 0);
+        self.bcast_bytes(c, root, t, bytemuck::cast_slice_mut(data))
+    }
+
+    fn bcast_bytes(
+        &mut self,
+        c: &Arc<CommInner>,
+        root: u32,
+        t: i32,
+        data: &mut [u8],
+    ) -> Result<(), P2pError> {
+        let n = c.ranks.len() as u32;
+        let vr = (c.rank + n - root) % n;
+        let mut mask = 1;
+        while mask < n {
+            if vr & mask != 0 {
+                self.coll_recv(c, (vr - mask + root) % n, t, data)?;
+                break;
+            }
+            mask <<= 1;
+        }
+        mask >>= 1;
+        while mask > 0 {
+            if vr + mask < n {
+                self.coll_send(c, (vr + mask + root) % n, t, data)?;
+            }
+            mask >>= 1;
+        }
+        Ok(())
+    }
+
+    /// Combines every rank's `send` with `op`; the result lands in `recv` at `root`
+    /// (`recv` is not touched elsewhere and may be empty there).
+    pub fn reduce<T: Reducible>(
+        &mut self,
+        comm: &Comm,
+        root: u32,
+        send: &[T],
+        recv: &mut [T],
+        op: Op,
+    ) -> Result<(), P2pError> {
+        let c = self.check_comm(comm)?;
+        Self::check_root(c, root)?;
+        if c.rank == root && recv.len() != send.len() {
+            return Err(P2pError::InvalidArgument(format!(
+                "reduce: the root's receive buffer holds {} elements, the send buffer {}",
+                recv.len(),
+                send.len()
+            )));
+        }
+        T::combine(op, &mut [], &[])?;
+        let t = tag(Kind::Reduce, op.code(), T::TYPE_CODE);
+        let n = c.ranks.len() as u32;
+        let vr = (c.rank + n - root) % n;
+        let mut acc = send.to_vec();
+        let mut tmp = vec![T::zeroed(); send.len()];
+        let mut mask = 1;
+        while mask < n {
+            if vr & mask == 0 {
+                let partner = vr | mask;
+                if partner < n {
+                    self.coll_recv(c, (partner + root) % n, t, bytemuck::cast_slice_mut(&mut tmp))?;
+                    T::combine(op, &mut acc, &tmp)?;
+                }
+            } else {
+                self.coll_send(c, (vr - mask + root) % n, t, bytemuck::cast_slice(&acc))?;
+                break;
+            }
+            mask <<= 1;
+        }
+        if c.rank == root {
+            recv.copy_from_slice(&acc);
+        }
+        Ok(())
+    }
+
+    /// Combines every rank's `data` with `op`, in place, on every rank.
+    pub fn allreduce<T: Reducible>(&mut self, comm: &Comm, data: &mut [T], op: Op) -> Result<(), P2pError> {
+        let c = self.check_comm(comm)?;
+        T::combine(op, &mut [], &[])?;
+        let t = tag(Kind::Allreduce, op.code(), T::TYPE_CODE);
+        if let Some(nc) = &c.node
+            && self.node_allreduce(c, nc, data, op, t, describe)?
+        {
+            return Ok(());
+        }
+        let (r, n) = (c.rank, c.ranks.len() as u32);
+        let mut tmp = vec![T::zeroed(); data.len()];
+        let p2 = if n.is_power_of_two() {
+            n
+        } else {
+            n.next_power_of_two() / 2
+        };
+        let rem = n - p2;
+        // Fold the ranks beyond the largest power of two into their even neighbours.
+        let newrank = if r < 2 * rem {
+            if r % 2 == 0 {
+                self.coll_send(c, r + 1, t, bytemuck::cast_slice(data))?;
+                None
+            } else {
+                self.coll_recv(c, r - 1, t, bytemuck::cast_slice_mut(&mut tmp))?;
+                T::combine(op, data, &tmp)?;
+                Some(r / 2)
+            }
+        } else {
+            Some(r - rem)
+        };
+        if let Some(nr) = newrank {
+            let mut mask = 1;
+            while mask < p2 {
+                let np = nr ^ mask;
+                let partner = if np < rem { np * 2 + 1 } else { np + rem };
+                self.coll_sendrecv(
+                    c,
+                    partner,
+                    partner,
+                    t,
+                    bytemuck::cast_slice(data),
+                    bytemuck::cast_slice_mut(&mut tmp),
+                )?;
+                T::combine(op, data, &tmp)?;
+                mask <<= 1;
+            }
+        }
+        if r < 2 * rem {
+            if r % 2 == 0 {
+                self.coll_recv(c, r + 1, t, bytemuck::cast_slice_mut(data))?;
+            } else {
+                self.coll_send(c, r - 1, t, bytemuck::cast_slice(data))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Collects every rank's `send` at `root`, in rank order, into `recv` (which must
+    /// hold `size * send.len()` elements at the root, and is not touched elsewhere).
+    pub fn gather<T: Pod>(
+        &mut self,
+        comm: &Comm,
+        root: u32,
+        send: &[T],
+        recv: &mut [T],
+    ) -> Result<(), P2pError> {
+        let c = self.check_comm(comm)?;
+        Self::check_root(c, root)?;
+        let n = c.ranks.len() as u32;
+        let block = std::mem::size_of_val(send);
+        if c.rank == root && recv.len() != send.len() * n as usize {
+            return Err(P2pError::InvalidArgument(format!(
+                "gather: the root needs room for {} elements, it gave {}",
+                send.len() * n as usize,
+                recv.len()
+            )));
+        }
+        let t = tag(Kind::Gather, 0, 0);
+        let vr = (c.rank + n - root) % n;
+        // Blocks of ranks vr, vr+1, ... (relative to the root), as the subtree grows.
+        let mut acc = bytemuck::cast_slice::<T, u8>(send).to_vec();
+        let mut mask = 1;
+        while mask < n {
+            if vr & mask == 0 {
+                let partner = vr | mask;
+                if partner < n {
+                    let count = mask.min(n - partner) as usize;
+                    let start = acc.len();
+                    acc.resize(start + count * block, 0);
+                    self.coll_recv(c, (partner + root) % n, t, &mut acc[start..])?;
+                }
+            } else {
+                self.coll_send(c, (vr - mask + root) % n, t, &acc)?;
+                break;
+            }
+            mask <<= 1;
+        }
+        if c.rank == root {
+            let out: &mut [u8] = bytemuck::cast_slice_mut(recv);
+            for v in 0..n as usize {
+                let rank = (v + root as usize) % n as usize;
+                out[rank * block..(rank + 1) * block].copy_from_slice(&acc[v * block..(v + 1) * block]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Every rank gets every rank's `send`, in rank order, in `recv` (`size * send.len()`
+    /// elements).
+    pub fn allgather<T: Pod>(&mut self, comm: &Comm, send: &[T], recv: &mut [T]) -> Result<(), P2pError> {
+        let c = self.check_comm(comm)?;
+        let (r, n) = (c.rank as usize, c.ranks.len());
+        if recv.len() != send.len() * n {
+            return Err(P2pError::InvalidArgument(format!(
+                "allgather: the receive buffer needs {} elements, it has {}",
+                send.len() * n,
+                recv.len()
+            )));
+        }
+        let t = tag(Kind::Allgather, 0, 0);
+        let block = std::mem::size_of_val(send);
+        let out: &mut [u8] = bytemuck::cast_slice_mut(recv);
+        out[r * block..(r + 1) * block].copy_from_slice(bytemuck::cast_slice(send));
+        let (right, left) = (((r + 1) % n) as u32, ((r + n - 1) % n) as u32);
+        let mut tmp = vec![0u8; block];
+        for step in 0..n.saturating_sub(1) {
+            let send_block = (r + n - step) % n;
+            let recv_block = (r + n - step - 1) % n;
+            let outgoing = out[send_block * block..(send_block + 1) * block].to_vec();
+            self.coll_sendrecv(c, right, left, t, &outgoing, &mut tmp)?;
+            out[recv_block * block..(recv_block + 1) * block].copy_from_slice(&tmp);
+        }
+        Ok(())
+    }
+
+    /// Block `i` of every rank's `send` goes to rank `i`, into block `j` (for sender `j`)
+    /// of its `recv`. Both hold `size` equal blocks.
+    pub fn alltoall<T: Pod>(&mut self, comm: &Comm, send: &[T], recv: &mut [T]) -> Result<(), P2pError> {
+        let c = self.check_comm(comm)?;
+        let (r, n) = (c.rank as usize, c.ranks.len());
+        if send.len() != recv.len() || send.len() % n != 0 {
+            return Err(P2pError::InvalidArgument(format!(
+                "alltoall: send ({}) and receive ({}) must hold the same number of elements, a multiple of {n}",
+                send.len(),
+                recv.len()
+            )));
+        }
+        let t = tag(Kind::Alltoall, 0, 0);
+        let block = std::mem::size_of_val(send) / n;
+        let src_bytes: &[u8] = bytemuck::cast_slice(send);
+        let out: &mut [u8] = bytemuck::cast_slice_mut(recv);
+        out[r * block..(r + 1) * block].copy_from_slice(&src_bytes[r * block..(r + 1) * block]);
+        for i in 1..n {
+            let dest = (r + i) % n;
+            let src = (r + n - i) % n;
+            self.coll_sendrecv(
+                c,
+                dest as u32,
+                src as u32,
+                t,
+                &src_bytes[dest * block..(dest + 1) * block],
+                &mut out[src * block..(src + 1) * block],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// A new communicator with the same ranks and a context of its own.
+    pub fn dup(&mut self, comm: &Comm) -> Result<Comm, P2pError> {
+        let c = self.check_comm(comm)?.clone();
+        let ctx = self.agree_context(comm)?;
+        self.make_comm(ctx, c.ranks.clone(), c.all_local)
+    }
+
+    /// Splits `comm` into one communicator per `color`, ordered by `key` then by rank;
+    /// ranks passing `None` get no communicator.
+    pub fn split(&mut self, comm: &Comm, color: Option<u32>, key: i32) -> Result<Option<Comm>, P2pError> {
+        let c = self.check_comm(comm)?.clone();
+        let ctx = self.agree_context(comm)?;
+        let n = c.ranks.len();
+        let mine = [color.unwrap_or(u32::MAX) as i64, key as i64];
+        let mut all = vec![0i64; 2 * n];
+        let t = tag(Kind::Split, 0, 0);
+        // An allgather with its own tag, so a mismatch with another collective shows.
+        {
+            let block = 16;
+            let out: &mut [u8] = bytemuck::cast_slice_mut(&mut all);
+            let r = c.rank as usize;
+            out[r * block..(r + 1) * block].copy_from_slice(bytemuck::cast_slice(&mine));
+            let (right, left) = (((r + 1) % n) as u32, ((r + n - 1) % n) as u32);
+            let mut tmp = [0u8; 16];
+            for step in 0..n.saturating_sub(1) {
+                let sb = (r + n - step) % n;
+                let rb = (r + n - step - 1) % n;
+                let outgoing = out[sb * block..(sb + 1) * block].to_vec();
+                self.coll_sendrecv(&c, right, left, t, &outgoing, &mut tmp)?;
+                out[rb * block..(rb + 1) * block].copy_from_slice(&tmp);
+            }
+        }
+        let Some(color) = color else { return Ok(None) };
+        let mut members: Vec<(i64, usize)> = (0..n)
+            .filter(|&i| all[2 * i] == color as i64)
+            .map(|i| (all[2 * i + 1], i))
+            .collect();
+        members.sort();
+        let ranks: Vec<u32> = members.iter().map(|&(_, i)| c.ranks[i]).collect();
+        let all_local = ranks
+            .iter()
+            .all(|&w| self.locality()[w as usize] != super::Locality::Remote);
+        self.make_comm(ctx, ranks, all_local).map(Some)
+    }
+
+    /// Builds a communicator of `ranks` in context `ctx`, with a node block for its
+    /// collectives when every member shares the node and one is free. Collective over
+    /// `ranks`: its first member claims the block and tells the others.
+    fn make_comm(&mut self, ctx: u32, ranks: Vec<u32>, all_local: bool) -> Result<Comm, P2pError> {
+        let (me, size) = (self.rank(), self.size());
+        let plain = Comm::new(self.id, ctx, ranks.clone(), me, size, all_local, None);
+        let Some(seg) = self.node_seg.clone().filter(|_| all_local && ranks.len() > 1) else {
+            return Ok(plain);
+        };
+        let key = node::block_key(ctx, ranks[0]);
+        let mut index = [u32::MAX];
+        if plain.rank() == 0
+            && let Some(i) = node::claim(&seg, key, ranks.len() as u32)
+        {
+            index[0] = i as u32;
+        }
+        let c = plain.inner.clone();
+        self.bcast_bytes(
+            &c,
+            0,
+            tag(Kind::Attach, 0, 0),
+            bytemuck::cast_slice_mut(&mut index),
+        )?;
+        if index[0] == u32::MAX {
+            return Ok(plain);
+        }
+        let i = index[0] as usize;
+        if !seg.coll_block(i).is_some_and(|b| b.owned_by(key)) {
+            return Err(P2pError::Protocol {
+                rank: ranks[0],
+                what: format!("it named node block {i}, which the communicator does not own"),
+            });
+        }
+        let node = NodeColl::join(seg, i, true);
+        Ok(Comm::new(self.id, ctx, ranks, me, size, all_local, node))
+    }
+
+    /// Agrees with the members of `comm` on a context that none of them uses yet.
+    fn agree_context(&mut self, comm: &Comm) -> Result<u32, P2pError> {
+        let mut next = [self.next_ctx];
+        self.allreduce(comm, &mut next, Op::Max)?;
+        let k = next[0];
+        if k >= u32::MAX / 2 - 1 {
+            return Err(P2pError::InvalidArgument("no communicator contexts left".into()));
+        }
+        self.next_ctx = k + 1;
+        Ok(2 * k)
+    }
+
+    /// Sends a slice of plain values.
+    pub fn send_slice<T: Pod>(
+        &mut self,
+        comm: &Comm,
+        dest: u32,
+        tag: i32,
+        data: &[T],
+    ) -> Result<(), P2pError> {
+        self.send(comm, dest, tag, bytemuck::cast_slice(data))
+    }
+
+    /// Receives a slice of plain values; the message must be a whole number of them.
+    pub fn recv_slice<T: Pod>(
+        &mut self,
+        comm: &Comm,
+        src: impl Into<Option<u32>>,
+        tag: impl Into<Option<i32>>,
+        buf: &mut [T],
+    ) -> Result<Status, P2pError> {
+        let st = self.recv(comm, src, tag, bytemuck::cast_slice_mut(buf))?;
+        if st.len % std::mem::size_of::<T>().max(1) != 0 {
+            return Err(P2pError::InvalidArgument(format!(
+                "a message of {} bytes is not a whole number of {}-byte elements",
+                st.len,
+                std::mem::size_of::<T>()
+            )));
+        }
+        Ok(st)
+    }
+}

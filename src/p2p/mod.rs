@@ -1,0 +1,212 @@
+//! Two-sided tagged messaging on top of any [`Channel`]: what an MPI or PGAS runtime
+//! needs from a transport.
+//!
+//! A [`World`] owns the channel. Messages are matched on context (communicator),
+//! source (or any) and tag (or any), and messages between a pair never overtake each
+//! other. Small messages travel eagerly in one packet; larger ones are announced (RTS),
+//! accepted (CTS), moved, and acknowledged (DONE).
+//!
+//! # Threads
+//!
+//! A `World` is `Send` but not `Sync`: one thread uses it at a time, and it can be moved
+//! to the thread that communicates, or kept behind a mutex that threads take in turn
+//! (the lock is the caller's: the fast path pays for none). It keeps no global state,
+//! so a runtime may own it like any other value. `Comm` handles are `Send` and `Sync`.
+//!
+//! ```
+//! fn movable<T: Send>() {}
+//! movable::<nemesis::World>();
+//! movable::<nemesis::Comm>();
+//! ```
+//!
+//! ```compile_fail
+//! fn shareable<T: Sync>() {}
+//! shareable::<nemesis::World>();
+//! ```
+//!
+//! # Non-blocking operations and their buffers
+//!
+//! `isend` and `irecv` live in a [`Scope`], as threads do in `std::thread::scope`: the
+//! buffers outlive the scope, and when the scope ends every request it made is finished
+//! safely. The same happens to a request that is dropped unfinished:
+//!
+//! - a receive that no message has matched yet is cancelled;
+//! - a receive whose data is still arriving keeps draining it, into nothing;
+//! - a send that still needs its buffer first copies what remains of it, and then
+//!   completes on its own.
+//!
+//! No message is lost or corrupted, and nothing touches a buffer after its request or
+//! scope has let it go.
+
+mod coll;
+mod comm;
+mod engine;
+mod node;
+mod scope;
+
+pub use coll::{Op, Reducible};
+pub use comm::Comm;
+pub use engine::World;
+pub use scope::{Done, Request, Scope};
+
+use crate::channel::{ChannelError, ShmChannel};
+use std::time::Duration;
+
+/// Matches a message from any source.
+pub const ANY_SOURCE: Option<u32> = None;
+/// Matches a message with any tag.
+pub const ANY_TAG: Option<i32> = None;
+/// The largest user tag; tags run from 0 to this.
+pub const TAG_UB: i32 = i32::MAX;
+
+/// What a completed receive found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Status {
+    /// The sender's rank in the communicator.
+    pub source: u32,
+    /// The message's tag.
+    pub tag: i32,
+    /// The message's length in bytes (before any truncation).
+    pub len: usize,
+}
+
+/// Why a two-sided operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum P2pError {
+    /// A rank outside the communicator.
+    #[error("rank {rank} is not in a communicator of {size} ranks")]
+    InvalidRank {
+        /// The rank given.
+        rank: u32,
+        /// The communicator's size.
+        size: u32,
+    },
+    /// A negative tag.
+    #[error("tag {0} is invalid: user tags run from 0 to {TAG_UB}")]
+    InvalidTag(i32),
+    /// The message was longer than the buffer; the buffer holds its beginning.
+    #[error("a message of {message_len} bytes was truncated to the {buffer_len}-byte buffer")]
+    Truncated {
+        /// The message's length.
+        message_len: usize,
+        /// The buffer's length.
+        buffer_len: usize,
+    },
+    /// A request or communicator of another world.
+    #[error("the {0} belongs to another world")]
+    WrongWorld(&'static str),
+    /// The peer died or left before the operation could complete.
+    #[error("peer {rank} failed: {reason}")]
+    PeerFailed {
+        /// The peer's rank in the communicator.
+        rank: u32,
+        /// What is known.
+        reason: String,
+    },
+    /// Ranks called a collective with arguments that cannot go together.
+    #[error("collective arguments differ between ranks: {0}")]
+    CollectiveMismatch(String),
+    /// An argument that cannot work.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// `waitany` was given no request that is still active.
+    #[error("no active request to wait for")]
+    NoActiveRequest,
+    /// A peer sent what the protocol does not allow.
+    #[error("protocol violation by rank {rank}: {what}")]
+    Protocol {
+        /// The peer's world rank.
+        rank: u32,
+        /// What was wrong.
+        what: String,
+    },
+    /// The channel failed.
+    #[error(transparent)]
+    Channel(#[from] ChannelError),
+}
+
+/// Tunables, from the environment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    /// Messages of at most this many bytes go eagerly (`NEMESIS_EAGER_LIMIT`); never more
+    /// than the channel's largest packet.
+    pub eager_limit: usize,
+    /// How often a blocked operation checks that its peers are alive
+    /// (`NEMESIS_FAILURE_TIMEOUT`): a receive from a dead peer fails within about this.
+    pub failure_check: Duration,
+    /// Whether communicators whose members all share the node run barrier and small
+    /// allreduce through the node's shared blocks (`NEMESIS_NODE_COLLECTIVES`, 1 or 0).
+    /// Every rank must use the same setting.
+    pub node_collectives: bool,
+}
+
+impl Config {
+    /// Reads the environment for a channel whose largest packet is `max_payload`.
+    pub fn from_env(max_payload: usize) -> Result<Self, P2pError> {
+        Self::from_lookup(max_payload, |k| std::env::var(k).ok())
+    }
+
+    /// As [`Config::from_env`], reading variables through `get`.
+    pub fn from_lookup(max_payload: usize, get: impl Fn(&str) -> Option<String>) -> Result<Self, P2pError> {
+        let bad = |var: &'static str, v: &str, reason: &str| {
+            P2pError::Channel(ChannelError::Config {
+                var,
+                value: v.to_string(),
+                reason: reason.to_string(),
+            })
+        };
+        let eager_limit = match get("NEMESIS_EAGER_LIMIT") {
+            None => max_payload,
+            Some(v) => nemesis_shm::config::parse_size(&v)
+                .and_then(|n| usize::try_from(n).ok())
+                .ok_or_else(|| bad("NEMESIS_EAGER_LIMIT", &v, "expected a size such as 8K"))?
+                .min(max_payload),
+        };
+        let failure_check = match get("NEMESIS_FAILURE_TIMEOUT") {
+            None => Duration::from_secs(1),
+            Some(v) => v
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e6)
+                .map(Duration::from_secs_f64)
+                .ok_or_else(|| {
+                    bad(
+                        "NEMESIS_FAILURE_TIMEOUT",
+                        &v,
+                        "expected a positive number of seconds",
+                    )
+                })?,
+        };
+        let node_collectives = match get("NEMESIS_NODE_COLLECTIVES").as_deref().map(str::trim) {
+            None | Some("1") => true,
+            Some("0") => false,
+            Some(v) => return Err(bad("NEMESIS_NODE_COLLECTIVES", v, "expected 1 or 0")),
+        };
+        Ok(Self {
+            eager_limit,
+            failure_check,
+            node_collectives,
+        })
+    }
+}
+
+/// Where a rank is, as seen from this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Locality {
+    /// This process.
+    Me,
+    /// On this node: shared memory.
+    Local,
+    /// On another node: a network module.
+    Remote,
+}
+
+/// Joins the job (see [`crate::bootstrap::Boot::init`]) and returns its world.
+pub fn init() -> Result<World<ShmChannel>, P2pError> {
+    World::new(ShmChannel::init()?)
+}
+
+#[cfg(test)]
+mod tests;

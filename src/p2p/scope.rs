@@ -1,0 +1,351 @@
+//! Non-blocking operations: the scope that lends buffers to the engine, and requests.
+//!
+//! The engine may read a send buffer or write a receive buffer during any progress,
+//! not only while its own request is tested: that is what keeps `isend; recv; wait` from
+//! deadlocking when both sides do it. It therefore holds buffer addresses, and they must
+//! never outlive the buffers. A [`Scope`] guarantees that: its buffers outlive it, and
+//! when it ends, every request it made that is still unfinished is released, that is
+//! cancelled, drained into nothing, or (for a send) given a copy of what it still
+//! needs. A request dropped earlier is released at the next call on its scope.
+//! Requests are neither `Send` nor `Sync`, so a drop can never race the engine.
+
+use super::comm::Comm;
+use super::engine::{Ptr, Req, World};
+use super::{P2pError, Status};
+use crate::channel::Channel;
+use std::cell::{RefCell, RefMut};
+use std::marker::PhantomData;
+use std::time::Instant;
+
+/// A region of code in which non-blocking operations may borrow buffers. Made by
+/// [`World::scope`].
+pub struct Scope<'scope, 'env: 'scope, C: Channel> {
+    world: RefCell<&'env mut World<C>>,
+    state: ScopeState,
+    _scope: PhantomData<&'scope mut &'scope ()>,
+}
+
+impl<C: Channel> std::fmt::Debug for Scope<'_, '_, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scope")
+            .field("live", &self.state.live.borrow().len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What requests tell their scope.
+#[derive(Debug, Default)]
+pub(crate) struct ScopeState {
+    /// Requests dropped unfinished, to release at the next call.
+    dropped: RefCell<Vec<u32>>,
+    /// Requests of this scope that the engine still knows.
+    live: RefCell<Vec<u32>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Send,
+    Recv,
+}
+
+/// A non-blocking send or receive. Finish it with [`Scope::wait`] (or `waitall`,
+/// `waitany`); dropping it unfinished releases it (see the module documentation).
+#[must_use = "an unfinished request is released when dropped"]
+pub struct Request<'scope> {
+    /// The engine's id, or 0 when complete from the start.
+    id: u32,
+    world: u64,
+    kind: Kind,
+    ready: Option<Result<Status, P2pError>>,
+    ptr: *mut u8,
+    len: usize,
+    state: &'scope ScopeState,
+    /// Still to be released if dropped.
+    live: bool,
+    _buf: PhantomData<&'scope mut [u8]>,
+}
+
+impl std::fmt::Debug for Request<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request")
+            .field("id", &self.id)
+            .field("kind", &self.kind)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl Drop for Request<'_> {
+    fn drop(&mut self) {
+        if self.live && self.id != 0 {
+            self.state.dropped.borrow_mut().push(self.id);
+        }
+    }
+}
+
+/// A finished request: its status, and its buffer back.
+#[derive(Debug)]
+pub struct Done<'scope> {
+    status: Status,
+    recv: Option<&'scope mut [u8]>,
+    send: Option<&'scope [u8]>,
+}
+
+impl<'scope> Done<'scope> {
+    /// For a receive, the sender, tag and length; for a send, the destination, tag and
+    /// length.
+    pub fn status(&self) -> Status {
+        self.status
+    }
+
+    /// The received bytes (the buffer's start, as long as the message), or the sent ones.
+    pub fn data(&self) -> &[u8] {
+        match (&self.recv, self.send) {
+            (Some(r), _) => &r[..self.status.len.min(r.len())],
+            (None, Some(s)) => s,
+            (None, None) => &[],
+        }
+    }
+
+    /// The receive buffer, lent back for the rest of the scope.
+    pub fn into_buffer(self) -> Option<&'scope mut [u8]> {
+        self.recv
+    }
+}
+
+impl<C: Channel> World<C> {
+    /// Runs `f` with a [`Scope`] for non-blocking operations; when `f` returns (or
+    /// unwinds), every request it left unfinished is released.
+    pub fn scope<'env, F, T>(&'env mut self, f: F) -> T
+    where
+        F: for<'scope> FnOnce(&'scope Scope<'scope, 'env, C>) -> T,
+    {
+        let scope = Scope {
+            world: RefCell::new(self),
+            state: ScopeState::default(),
+            _scope: PhantomData,
+        };
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&scope)));
+        scope.end();
+        match r {
+            Ok(v) => v,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    }
+}
+
+impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
+    /// The world, for blocking operations and collectives inside the scope.
+    pub fn world(&self) -> RefMut<'_, &'env mut World<C>> {
+        let mut w = self.world.borrow_mut();
+        self.release_dropped(&mut w);
+        w
+    }
+
+    fn release_dropped(&self, w: &mut World<C>) {
+        let dropped: Vec<u32> = self.state.dropped.borrow_mut().drain(..).collect();
+        if !dropped.is_empty() {
+            self.state.live.borrow_mut().retain(|id| !dropped.contains(id));
+            for id in dropped {
+                w.eng.release(id);
+            }
+        }
+    }
+
+    fn end(&self) {
+        let mut w = self.world.borrow_mut();
+        self.release_dropped(&mut w);
+        for id in self.state.live.borrow_mut().drain(..) {
+            w.eng.release(id);
+        }
+    }
+
+    fn request(&'scope self, w: &World<C>, id: u32, kind: Kind, ptr: *mut u8, len: usize) -> Request<'scope> {
+        let ready = (id == 0).then_some(Ok(Status {
+            source: 0,
+            tag: 0,
+            len,
+        }));
+        if id != 0 {
+            self.state.live.borrow_mut().push(id);
+        }
+        Request {
+            id,
+            world: w.id,
+            kind,
+            ready,
+            ptr,
+            len,
+            state: &self.state,
+            live: id != 0,
+            _buf: PhantomData,
+        }
+    }
+
+    /// Starts sending `buf` to rank `dest` of `comm`. `buf` stays borrowed until the
+    /// request is finished.
+    pub fn isend(
+        &'scope self,
+        comm: &Comm,
+        dest: u32,
+        tag: i32,
+        buf: &'scope [u8],
+    ) -> Result<Request<'scope>, P2pError> {
+        let mut w = self.world();
+        let c = w.check_comm(comm)?;
+        if tag < 0 {
+            return Err(P2pError::InvalidTag(tag));
+        }
+        let id = w.start_send(c, dest, tag, c.ctx, buf)?;
+        let mut r = self.request(
+            &w,
+            id.unwrap_or(0),
+            Kind::Send,
+            buf.as_ptr().cast_mut(),
+            buf.len(),
+        );
+        if id.is_none() {
+            r.ready = Some(Ok(Status {
+                source: dest,
+                tag,
+                len: buf.len(),
+            }));
+        }
+        Ok(r)
+    }
+
+    /// Starts receiving a message from `src` with `tag` into `buf`.
+    pub fn irecv(
+        &'scope self,
+        comm: &Comm,
+        src: impl Into<Option<u32>>,
+        tag: impl Into<Option<i32>>,
+        buf: &'scope mut [u8],
+    ) -> Result<Request<'scope>, P2pError> {
+        let mut w = self.world();
+        let c = w.check_comm(comm)?;
+        let tag = tag.into();
+        if let Some(t) = tag.filter(|t| *t < 0) {
+            return Err(P2pError::InvalidTag(t));
+        }
+        let (ptr, len) = (buf.as_mut_ptr(), buf.len());
+        let id = w.start_recv(c, src.into(), tag, c.ctx, Ptr(ptr), len)?;
+        Ok(self.request(&w, id, Kind::Recv, ptr, len))
+    }
+
+    fn check_world(w: &World<C>, r: &Request<'_>) -> Result<(), P2pError> {
+        if r.world != w.id {
+            Err(P2pError::WrongWorld("request"))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn is_complete(w: &World<C>, r: &Request<'_>) -> bool {
+        r.id == 0 || w.eng.reqs.get(&r.id).is_none_or(Req::is_done)
+    }
+
+    /// Makes progress; returns whether the request has finished (then [`Scope::wait`]
+    /// returns at once).
+    pub fn test(&self, r: &mut Request<'scope>) -> Result<bool, P2pError> {
+        let mut w = self.world();
+        Self::check_world(&w, r)?;
+        if !Self::is_complete(&w, r) {
+            w.progress()?;
+        }
+        Ok(Self::is_complete(&w, r))
+    }
+
+    /// Takes a finished request's result and its buffer back.
+    fn finish(&self, w: &mut World<C>, mut r: Request<'scope>) -> Result<Done<'scope>, P2pError> {
+        let result = match r.ready.take() {
+            Some(res) => res,
+            None => {
+                let res = w.finish(r.id);
+                self.state.live.borrow_mut().retain(|&id| id != r.id);
+                res
+            }
+        };
+        r.live = false;
+        let status = result?;
+        let (recv, send) = match r.kind {
+            // SAFETY: the engine is done with the buffer (the request is finished and
+            // forgotten), and the slice rebuilds the `&'scope mut` borrow that `irecv`
+            // took, from the same pointer.
+            Kind::Recv => (
+                Some(unsafe { std::slice::from_raw_parts_mut(r.ptr, r.len) }),
+                None,
+            ),
+            // SAFETY: as above, for the shared borrow `isend` took.
+            Kind::Send => (
+                None,
+                Some(unsafe { std::slice::from_raw_parts(r.ptr.cast_const(), r.len) }),
+            ),
+        };
+        Ok(Done { status, recv, send })
+    }
+
+    /// Waits until the request finishes; returns its status and buffer.
+    pub fn wait(&self, r: Request<'scope>) -> Result<Done<'scope>, P2pError> {
+        let mut w = self.world();
+        Self::check_world(&w, &r)?;
+        if !Self::is_complete(&w, &r) {
+            w.wait_all_ids(&[r.id])?;
+        }
+        self.finish(&mut w, r)
+    }
+
+    /// Waits until every request finishes. Fails with the first failure, after
+    /// finishing (or releasing) all of them.
+    pub fn waitall(&self, rs: Vec<Request<'scope>>) -> Result<Vec<Done<'scope>>, P2pError> {
+        let mut w = self.world();
+        for r in &rs {
+            Self::check_world(&w, r)?;
+        }
+        let ids: Vec<u32> = rs.iter().filter(|r| r.id != 0).map(|r| r.id).collect();
+        w.wait_all_ids(&ids)?;
+        let mut done = Vec::with_capacity(rs.len());
+        let mut first_err = None;
+        for r in rs {
+            match self.finish(&mut w, r) {
+                Ok(d) => done.push(d),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(done), Err)
+    }
+
+    /// Waits until one of the requests finishes, takes it out of `rs`, and returns its
+    /// index (in `rs` as it was) and result.
+    pub fn waitany(&self, rs: &mut Vec<Request<'scope>>) -> Result<(usize, Done<'scope>), P2pError> {
+        if rs.is_empty() {
+            return Err(P2pError::NoActiveRequest);
+        }
+        let mut w = self.world();
+        for r in rs.iter() {
+            Self::check_world(&w, r)?;
+        }
+        let check = w.cfg.failure_check;
+        let mut last_check = Instant::now();
+        loop {
+            if let Some(i) = rs.iter().position(|r| Self::is_complete(&w, r)) {
+                let r = rs.remove(i);
+                return self.finish(&mut w, r).map(|d| (i, d));
+            }
+            w.progress()?;
+            if rs.iter().any(|r| Self::is_complete(&w, r)) {
+                continue;
+            }
+            w.ch.wait(Some(check))?;
+            if last_check.elapsed() >= check {
+                last_check = Instant::now();
+                let ids: Vec<u32> = rs.iter().map(|r| r.id).collect();
+                for id in ids {
+                    w.check_failed(id);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,798 @@
+//! Two-sided messaging between worlds that are threads of this process, on one anonymous
+//! segment. Multi-process tests are in `tests/p2p.rs`.
+
+use super::*;
+use crate::channel::{Channel, ShmChannel, WaitPolicy};
+use nemesis_shm::{Geometry, Segment};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Runs `f(world)` as each of `n` ranks, each on its own thread; returns their results.
+fn job<T: Send + 'static>(n: u32, f: impl Fn(World) -> T + Send + Sync + 'static) -> Vec<T> {
+    job_with(n, Geometry::default(), |_| {}, f)
+}
+
+/// As [`job`], with the tunables changed by `tweak`.
+fn job_with<T: Send + 'static>(
+    n: u32,
+    geo: Geometry,
+    tweak: impl Fn(&mut Config) + Send + Sync + 'static,
+    f: impl Fn(World) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let tweak = Arc::new(tweak);
+    let seg = Arc::new(Segment::anonymous(n, geo).unwrap());
+    let ranks: Vec<u32> = (0..n).collect();
+    let f = Arc::new(f);
+    let handles: Vec<_> = (0..n)
+        .map(|r| {
+            let (seg, ranks, f, tweak) = (seg.clone(), ranks.clone(), f.clone(), tweak.clone());
+            std::thread::spawn(move || {
+                let policy = WaitPolicy {
+                    spin: 200,
+                    yields: 50,
+                    slice: Duration::from_millis(20),
+                };
+                let ch = ShmChannel::from_segment(seg, r, n, &ranks, r, policy).unwrap();
+                let mut cfg = Config::from_lookup(ch.max_payload(), |_| None).unwrap();
+                tweak(&mut cfg);
+                f(World::with_config(ch, cfg).unwrap())
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("rank panicked"))
+        .collect()
+}
+
+fn pattern(seed: u32, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) as u8)
+        .collect()
+}
+
+#[test]
+fn eager_and_large_messages_arrive_intact() {
+    job(2, |mut w| {
+        let c = w.comm();
+        let sizes = [0usize, 1, 8, 24, 25, 1000, 8160, 8161, 20_000, 300_000, 1 << 20];
+        for (i, &len) in sizes.iter().enumerate() {
+            if w.rank() == 0 {
+                w.send(&c, 1, i as i32, &pattern(i as u32, len)).unwrap();
+            } else {
+                let mut buf = vec![0u8; len];
+                let st = w.recv(&c, 0, i as i32, &mut buf).unwrap();
+                assert_eq!(
+                    st,
+                    Status {
+                        source: 0,
+                        tag: i as i32,
+                        len
+                    }
+                );
+                assert!(buf == pattern(i as u32, len), "size {len}");
+            }
+        }
+    });
+}
+
+#[test]
+fn wildcards_status_and_no_overtaking() {
+    job(3, |mut w| {
+        let c = w.comm();
+        if w.rank() == 0 {
+            let mut from = [0u32; 3];
+            let mut b = vec![0u8; 50_000];
+            for _ in 0..400 {
+                let st = w.recv(&c, ANY_SOURCE, ANY_TAG, &mut b).unwrap();
+                let n = u32::from_le_bytes(b[..4].try_into().unwrap());
+                assert_eq!(
+                    n, from[st.source as usize],
+                    "message from {} overtaken",
+                    st.source
+                );
+                assert_eq!(st.tag, (n % 5) as i32);
+                from[st.source as usize] += 1;
+            }
+        } else {
+            for n in 0..200u32 {
+                // Mix eager and large messages on one pair: order must hold across both.
+                if n % 50 == 7 {
+                    let mut big = vec![0u8; 50_000];
+                    big[..4].copy_from_slice(&n.to_le_bytes());
+                    let c2 = c.clone();
+                    w.scope(|s| {
+                        let r = s.isend(&c2, 0, (n % 5) as i32, &big).unwrap();
+                        s.wait(r).unwrap();
+                    });
+                } else {
+                    w.send(&c, 0, (n % 5) as i32, &n.to_le_bytes()).unwrap();
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn large_messages_received_as_any_source_keep_their_length() {
+    job(2, |mut w| {
+        let c = w.comm();
+        if w.rank() == 0 {
+            w.send(&c, 1, 3, &pattern(1, 100_000)).unwrap();
+        } else {
+            let mut buf = vec![0u8; 200_000];
+            let st = w.recv(&c, ANY_SOURCE, ANY_TAG, &mut buf).unwrap();
+            assert_eq!(
+                st,
+                Status {
+                    source: 0,
+                    tag: 3,
+                    len: 100_000
+                }
+            );
+            assert!(buf[..100_000] == pattern(1, 100_000));
+        }
+    });
+}
+
+#[test]
+fn truncation_reports_both_sizes_and_the_stream_goes_on() {
+    job(2, |mut w| {
+        let c = w.comm();
+        if w.rank() == 0 {
+            w.send(&c, 1, 1, &[9u8; 100]).unwrap();
+            w.send(&c, 1, 2, &pattern(5, 60_000)).unwrap();
+            w.send(&c, 1, 3, b"after").unwrap();
+        } else {
+            let mut small = [0u8; 10];
+            match w.recv(&c, 0, 1, &mut small) {
+                Err(P2pError::Truncated {
+                    message_len: 100,
+                    buffer_len: 10,
+                }) => assert_eq!(small, [9u8; 10]),
+                other => panic!("eager: {other:?}"),
+            }
+            let mut part = vec![0u8; 1000];
+            match w.recv(&c, 0, 2, &mut part) {
+                Err(P2pError::Truncated {
+                    message_len: 60_000,
+                    buffer_len: 1000,
+                }) => {
+                    assert!(part == pattern(5, 60_000)[..1000]);
+                }
+                other => panic!("large: {other:?}"),
+            }
+            let mut b = [0u8; 5];
+            assert_eq!(w.recv(&c, 0, 3, &mut b).unwrap().len, 5);
+            assert_eq!(&b, b"after");
+        }
+    });
+}
+
+#[test]
+fn probe_and_iprobe() {
+    job(2, |mut w| {
+        let c = w.comm();
+        if w.rank() == 0 {
+            w.send(&c, 1, 7, &[1, 2, 3]).unwrap();
+            w.send(&c, 1, 8, &pattern(0, 40_000)).unwrap();
+        } else {
+            let st = w.probe(&c, ANY_SOURCE, 7).unwrap();
+            assert_eq!(
+                st,
+                Status {
+                    source: 0,
+                    tag: 7,
+                    len: 3
+                }
+            );
+            let st = w.probe(&c, 0, 8).unwrap();
+            assert_eq!(st.len, 40_000, "a large message reports its full length");
+            assert_eq!(w.iprobe(&c, 0, 9).unwrap(), None);
+            let mut b = [0u8; 3];
+            w.recv(&c, 0, 7, &mut b).unwrap();
+            let mut big = vec![0u8; 40_000];
+            w.recv(&c, 0, 8, &mut big).unwrap();
+        }
+    });
+}
+
+#[test]
+fn isend_then_blocking_recv_does_not_deadlock() {
+    // Both ranks start a large send, then block receiving the other's: the pending
+    // send must move on while each waits in `recv`.
+    job(2, |mut w| {
+        let c = w.comm();
+        let peer = 1 - w.rank();
+        let out = pattern(w.rank(), 3 << 20);
+        let mut inb = vec![0u8; 3 << 20];
+        w.scope(|s| {
+            let r = s.isend(&c, peer, 0, &out).unwrap();
+            let st = s.world().recv(&c, peer, 0, &mut inb).unwrap();
+            assert_eq!(st.len, 3 << 20);
+            s.wait(r).unwrap();
+        });
+        assert!(inb == pattern(peer, 3 << 20));
+    });
+}
+
+#[test]
+fn nonblocking_operations_complete_with_test_wait_waitall_waitany() {
+    job(2, |mut w| {
+        let c = w.comm();
+        let me = w.rank();
+        let peer = 1 - me;
+        let outs: Vec<Vec<u8>> = (0..6)
+            .map(|i| pattern(me * 10 + i, [3usize, 10_000, 0, 70_000, 8, 100][i as usize]))
+            .collect();
+        let mut ins: Vec<Vec<u8>> = (0..6)
+            .map(|i| vec![0u8; [3usize, 10_000, 0, 70_000, 8, 100][i as usize]])
+            .collect();
+        w.scope(|s| {
+            let mut recvs = Vec::new();
+            for (i, b) in ins.iter_mut().enumerate() {
+                recvs.push(s.irecv(&c, peer, i as i32, b).unwrap());
+            }
+            let mut sends: Vec<_> = outs
+                .iter()
+                .enumerate()
+                .map(|(i, b)| s.isend(&c, peer, i as i32, b).unwrap())
+                .collect();
+            // Progress the first large send by testing it while "computing".
+            while !s.test(&mut sends[1]).unwrap() {
+                std::hint::spin_loop();
+            }
+            let d = s.waitall(sends).unwrap();
+            assert_eq!(d.len(), 6);
+            let mut seen = Vec::new();
+            while !recvs.is_empty() {
+                let (_, done) = s.waitany(&mut recvs).unwrap();
+                let st = done.status();
+                assert!(
+                    done.data() == pattern(peer * 10 + st.tag as u32, st.len),
+                    "tag {}",
+                    st.tag
+                );
+                seen.push(st.tag);
+            }
+            seen.sort();
+            assert_eq!(seen, vec![0, 1, 2, 3, 4, 5]);
+            assert!(matches!(s.waitany(&mut recvs), Err(P2pError::NoActiveRequest)));
+        });
+    });
+}
+
+#[test]
+fn a_dropped_receive_is_cancelled_and_the_message_goes_to_the_next() {
+    job(2, |mut w| {
+        let c = w.comm();
+        if w.rank() == 1 {
+            let mut first = [0u8; 4];
+            w.scope(|s| {
+                let r = s.irecv(&c, 0, 5, &mut first).unwrap();
+                drop(r);
+            });
+            w.send(&c, 0, 1, b"go").unwrap();
+            let mut second = [0u8; 4];
+            w.recv(&c, 0, 5, &mut second).unwrap();
+            assert_eq!(&second, b"ping");
+            assert_eq!(first, [0; 4], "the dropped receive's buffer was not written");
+        } else {
+            let mut go = [0u8; 2];
+            w.recv(&c, 1, 1, &mut go).unwrap();
+            w.send(&c, 1, 5, b"ping").unwrap();
+        }
+    });
+}
+
+#[test]
+fn a_dropped_large_send_still_delivers_the_original_bytes() {
+    job(2, |mut w| {
+        let c = w.comm();
+        if w.rank() == 0 {
+            let mut buf = pattern(3, 500_000);
+            w.scope(|s| {
+                let r = s.isend(&c, 1, 0, &buf).unwrap();
+                drop(r);
+            });
+            // The scope is over: the buffer is ours again, and changing it must not
+            // change what rank 1 receives.
+            buf.iter_mut().for_each(|b| *b = 0xee);
+            w.flush(Duration::from_secs(30)).unwrap();
+        } else {
+            let mut buf = vec![0u8; 500_000];
+            w.recv(&c, 0, 0, &mut buf).unwrap();
+            assert!(buf == pattern(3, 500_000));
+        }
+    });
+}
+
+#[test]
+fn a_scope_ending_early_releases_its_requests() {
+    job(2, |mut w| {
+        let c = w.comm();
+        if w.rank() == 1 {
+            let mut buf = vec![0u8; 200_000];
+            w.scope(|s| {
+                // Posted but never waited: cancelled at the end of the scope.
+                let _r = s.irecv(&c, 0, 1, &mut buf).unwrap();
+            });
+            w.send(&c, 0, 0, b"ready").unwrap();
+            let mut again = vec![0u8; 200_000];
+            let st = w.recv(&c, 0, 1, &mut again).unwrap();
+            assert_eq!(st.len, 200_000);
+            assert!(again == pattern(8, 200_000));
+        } else {
+            let mut b = [0u8; 5];
+            w.recv(&c, 1, 0, &mut b).unwrap();
+            w.send(&c, 1, 1, &pattern(8, 200_000)).unwrap();
+        }
+    });
+}
+
+#[test]
+fn bad_arguments_are_typed_errors() {
+    job(2, |mut w| {
+        let c = w.comm();
+        assert!(matches!(
+            w.send(&c, 2, 0, b"x"),
+            Err(P2pError::InvalidRank { rank: 2, size: 2 })
+        ));
+        assert!(matches!(w.send(&c, 0, -1, b"x"), Err(P2pError::InvalidTag(-1))));
+        let mut b = [0u8; 1];
+        assert!(matches!(
+            w.recv(&c, 5, 0, &mut b),
+            Err(P2pError::InvalidRank { rank: 5, .. })
+        ));
+        assert!(matches!(w.recv(&c, 0, -3, &mut b), Err(P2pError::InvalidTag(-3))));
+        assert!(matches!(
+            w.bcast(&c, 9, &mut [0u8; 4]),
+            Err(P2pError::InvalidRank { .. })
+        ));
+        let mut f = [1.0f64];
+        assert!(matches!(
+            w.allreduce(&c, &mut f, Op::BitAnd),
+            Err(P2pError::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            w.allgather(&c, &[1u8], &mut [0u8; 3]),
+            Err(P2pError::InvalidArgument(_))
+        ));
+    });
+}
+
+#[test]
+fn requests_and_communicators_of_another_world_are_refused() {
+    let mut results = job(1, |mut a| {
+        let seg = Arc::new(Segment::anonymous(1, Geometry::default()).unwrap());
+        let p = WaitPolicy {
+            spin: 10,
+            yields: 1,
+            slice: Duration::from_millis(1),
+        };
+        let mut b = World::new(ShmChannel::from_segment(seg, 0, 1, &[0], 0, p).unwrap()).unwrap();
+        let foreign = b.comm();
+        let e1 = a.send(&foreign, 0, 0, b"x").unwrap_err();
+        let mut buf = [0u8; 4];
+        let bc = b.comm();
+        let e2 = b.scope(|sb| {
+            let r = sb.irecv(&bc, 0, 0, &mut buf).unwrap();
+            a.scope(|sa| sa.wait(r).map(|_| ()).unwrap_err())
+        });
+        (e1.to_string(), e2.to_string())
+    });
+    let (e1, e2) = results.pop().unwrap();
+    assert!(e1.contains("communicator belongs to another world"), "{e1}");
+    assert!(e2.contains("request belongs to another world"), "{e2}");
+}
+
+#[test]
+fn collectives_on_every_size_up_to_eight() {
+    collectives_up_to_eight(true);
+}
+
+#[test]
+fn collectives_through_messages_on_every_size_up_to_eight() {
+    collectives_up_to_eight(false);
+}
+
+fn collectives_up_to_eight(node: bool) {
+    for n in 1..=8u32 {
+        job_with(
+            n,
+            Geometry::default(),
+            move |c| c.node_collectives = node,
+            move |mut w| {
+                let c = w.comm();
+                let (r, n) = (w.rank(), w.size());
+                w.barrier(&c).unwrap();
+                for root in [0, n - 1] {
+                    let mut b = if r == root { [7u64, 8, 9] } else { [0; 3] };
+                    w.bcast(&c, root, &mut b).unwrap();
+                    assert_eq!(b, [7, 8, 9]);
+                    let mut out = [0i32; 2];
+                    w.reduce(&c, root, &[r as i32, 1], &mut out, Op::Sum).unwrap();
+                    if r == root {
+                        assert_eq!(out, [(n * (n - 1) / 2) as i32, n as i32]);
+                    }
+                    let mut g = vec![0u16; 2 * n as usize];
+                    w.gather(&c, root, &[r as u16, 100 + r as u16], &mut g).unwrap();
+                    if r == root {
+                        let want: Vec<u16> = (0..n as u16).flat_map(|i| [i, 100 + i]).collect();
+                        assert_eq!(g, want);
+                    }
+                }
+                let mut s = [r as f64, 1.5];
+                w.allreduce(&c, &mut s, Op::Sum).unwrap();
+                assert_eq!(s, [(n * (n - 1) / 2) as f64, 1.5 * n as f64]);
+                let mut m = [r as i64 - 3];
+                w.allreduce(&c, &mut m, Op::Min).unwrap();
+                assert_eq!(m, [-3]);
+                let mut x = [1u32 << r];
+                w.allreduce(&c, &mut x, Op::BitOr).unwrap();
+                assert_eq!(x, [(1u32 << n) - 1]);
+                let mut all = vec![0u32; n as usize];
+                w.allgather(&c, &[r * r], &mut all).unwrap();
+                assert_eq!(all, (0..n).map(|i| i * i).collect::<Vec<_>>());
+                let send: Vec<u32> = (0..n).map(|d| r * 100 + d).collect();
+                let mut recv = vec![0u32; n as usize];
+                w.alltoall(&c, &send, &mut recv).unwrap();
+                assert_eq!(recv, (0..n).map(|s| s * 100 + r).collect::<Vec<_>>());
+                w.barrier(&c).unwrap();
+            },
+        );
+    }
+}
+
+#[test]
+fn large_collectives_go_through_rendezvous() {
+    job(3, |mut w| {
+        let c = w.comm();
+        let mut v = vec![w.rank() as f32; 100_000];
+        w.allreduce(&c, &mut v, Op::Max).unwrap();
+        assert!(v.iter().all(|&x| x == 2.0));
+        let mut b = if w.rank() == 1 {
+            pattern(1, 300_000)
+        } else {
+            vec![0; 300_000]
+        };
+        w.bcast(&c, 1, &mut b).unwrap();
+        assert!(b == pattern(1, 300_000));
+    });
+}
+
+#[test]
+fn split_and_dup_isolate_matching() {
+    job(4, |mut w| {
+        let c = w.comm();
+        let r = w.rank();
+        let d = w.dup(&c).unwrap();
+        // The same source and tag on two communicators: each receive sees its own.
+        if r == 0 {
+            w.send(&d, 1, 0, b"dup").unwrap();
+            w.send(&c, 1, 0, b"world").unwrap();
+        } else if r == 1 {
+            let mut b = [0u8; 5];
+            let st = w.recv(&c, 0, 0, &mut b).unwrap();
+            assert_eq!(&b[..st.len], b"world");
+            let st = w.recv(&d, 0, 0, &mut b).unwrap();
+            assert_eq!(&b[..st.len], b"dup");
+        }
+        // Even and odd ranks, ordered by descending key.
+        let half = w.split(&c, Some(r % 2), -(r as i32)).unwrap().unwrap();
+        assert_eq!(half.size(), 2);
+        assert_eq!(half.rank(), if r < 2 { 1 } else { 0 });
+        let mut sum = [r];
+        w.allreduce(&half, &mut sum, Op::Sum).unwrap();
+        assert_eq!(sum[0], if r % 2 == 0 { 2 } else { 4 });
+        let none = w.split(&c, (r != 3).then_some(0), 0).unwrap();
+        assert_eq!(none.is_none(), r == 3);
+        if let Some(three) = none {
+            assert_eq!(three.size(), 3);
+            w.barrier(&three).unwrap();
+        }
+    });
+}
+
+#[test]
+fn mismatched_collectives_are_caught() {
+    let errs = job(2, |mut w| {
+        let c = w.comm();
+        let mut v = [1i32; 4];
+        let op = if w.rank() == 0 { Op::Sum } else { Op::Max };
+        w.allreduce(&c, &mut v, op).unwrap_err().to_string()
+    });
+    assert!(
+        errs.iter().all(|e| e.contains("collective arguments differ")),
+        "{errs:?}"
+    );
+    let errs = job(2, |mut w| {
+        let c = w.comm();
+        let mut b = vec![0u8; if w.rank() == 0 { 8 } else { 4 }];
+        w.bcast(&c, 0, &mut b).err().map(|e| e.to_string())
+    });
+    assert!(
+        errs[1]
+            .as_deref()
+            .is_some_and(|e| e.contains("sent 8 bytes, this rank expected 4")),
+        "{errs:?}"
+    );
+}
+
+#[test]
+fn typed_point_to_point() {
+    job(2, |mut w| {
+        let c = w.comm();
+        if w.rank() == 0 {
+            w.send_slice(&c, 1, 0, &[1.5f64, -2.0, 1e300]).unwrap();
+            w.send_slice(&c, 1, 1, &[1u8, 2, 3]).unwrap();
+        } else {
+            let mut v = [0f64; 3];
+            let st = w.recv_slice(&c, 0, 0, &mut v).unwrap();
+            assert_eq!((v, st.len), ([1.5, -2.0, 1e300], 24));
+            let mut u = [0u16; 2];
+            assert!(matches!(
+                w.recv_slice(&c, 0, 1, &mut u),
+                Err(P2pError::InvalidArgument(_))
+            ));
+        }
+    });
+}
+
+#[test]
+fn everything_works_with_every_message_rendezvous() {
+    // An eager limit of 0 sends even empty messages by RTS.
+    job_with(
+        3,
+        Geometry::default(),
+        |c| c.eager_limit = 0,
+        |mut w| {
+            let c = w.comm();
+            let mut v = [w.rank() + 1];
+            w.allreduce(&c, &mut v, Op::Prod).unwrap();
+            assert_eq!(v, [6]);
+            w.barrier(&c).unwrap();
+        },
+    );
+}
+
+#[test]
+fn a_world_moves_between_threads() {
+    fn assert_send<T: Send>() {}
+    assert_send::<World>();
+    job(2, |w| {
+        let moved = std::thread::spawn(move || {
+            let mut w = w;
+            let c = w.comm();
+            let mut x = [w.rank() as u64];
+            w.allreduce(&c, &mut x, Op::Sum).unwrap();
+            x[0]
+        });
+        assert_eq!(moved.join().unwrap(), 1);
+    });
+}
+
+#[test]
+fn threads_share_a_world_behind_a_mutex() {
+    // Two threads of rank 0 take turns with its world; rank 1 answers each of them.
+    job(2, |w| {
+        let c = w.comm();
+        if w.rank() == 1 {
+            let mut w = w;
+            for _ in 0..200 {
+                let mut b = [0u8; 8];
+                let st = w.recv(&c, 0, ANY_TAG, &mut b).unwrap();
+                w.send(&c, 0, st.tag, &b).unwrap();
+            }
+            return;
+        }
+        let shared = Arc::new(std::sync::Mutex::new(w));
+        let threads: Vec<_> = (0..2)
+            .map(|t| {
+                let (shared, c) = (shared.clone(), c.clone());
+                std::thread::spawn(move || {
+                    for i in 0..100u64 {
+                        let mut w = shared.lock().unwrap();
+                        w.send(&c, 1, t, &i.to_le_bytes()).unwrap();
+                        let mut b = [0u8; 8];
+                        // The same thread takes its answer, by its tag, before letting go.
+                        w.recv(&c, 1, t, &mut b).unwrap();
+                        assert_eq!(u64::from_le_bytes(b), i);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+    });
+}
+
+#[test]
+fn a_named_receive_passes_over_other_tags_from_its_source_in_order() {
+    job(2, |mut w| {
+        let c = w.comm();
+        if w.rank() == 0 {
+            // Tags 1, 2, 3 in a row, then a large one with tag 1; the receiver asks for
+            // them out of order, so each look at the fastbox finds another tag first.
+            for t in 1..=3 {
+                w.send(&c, 1, t, &[t as u8; 8]).unwrap();
+            }
+            w.send(&c, 1, 1, &pattern(9, 50_000)).unwrap();
+            w.send(&c, 1, 4, b"done").unwrap();
+        } else {
+            let mut b = [0u8; 8];
+            // Wait until all three small ones are in, so the named receives below find
+            // the fastbox and the queue holding other tags.
+            std::thread::sleep(Duration::from_millis(50));
+            for t in [3, 2] {
+                let st = w.recv(&c, 0, t, &mut b).unwrap();
+                assert_eq!((st.tag, st.len, b), (t, 8, [t as u8; 8]));
+            }
+            // Two messages with tag 1: the small one came first and must match first.
+            let st = w.recv(&c, 0, 1, &mut b).unwrap();
+            assert_eq!((st.len, b), (8, [1; 8]));
+            let mut big = vec![0u8; 50_000];
+            assert_eq!(w.recv(&c, 0, 1, &mut big).unwrap().len, 50_000);
+            assert!(big == pattern(9, 50_000));
+            let mut d = [0u8; 4];
+            assert_eq!(w.recv(&c, 0, 4, &mut d).unwrap().len, 4);
+            assert_eq!(&d, b"done");
+        }
+    });
+}
+
+#[test]
+fn node_allreduce_of_every_type_and_operation_matches_a_fold_in_rank_order() {
+    fn check<T: Reducible + PartialEq + std::fmt::Debug>(
+        w: &mut World,
+        c: &Comm,
+        op: Op,
+        mine: Vec<T>,
+        all: &[Vec<T>],
+    ) {
+        let mut want = all[0].clone();
+        for other in &all[1..] {
+            T::combine(op, &mut want, other).unwrap();
+        }
+        let mut got = mine;
+        w.allreduce(c, &mut got, op).unwrap();
+        assert_eq!(got, want, "{op:?} on {}", std::any::type_name::<T>());
+    }
+    job(4, |mut w| {
+        let c = w.comm();
+        let r = w.rank();
+        assert!(c.all_local());
+        let ints = |r: u32| -> Vec<i64> { (0..32).map(|i| (i * 7 + r as i64 * 13) % 23 - 11).collect() };
+        let bytes = |r: u32| -> Vec<u8> { (0..256).map(|i| (i as u32 * 31 + r * 17) as u8).collect() };
+        let floats = |r: u32| -> Vec<f32> { (0..64).map(|i| i as f32 * 0.25 - r as f32).collect() };
+        let all_i: Vec<_> = (0..4).map(ints).collect();
+        let all_b: Vec<_> = (0..4).map(bytes).collect();
+        let all_f: Vec<_> = (0..4).map(floats).collect();
+        for op in [
+            Op::Sum,
+            Op::Prod,
+            Op::Min,
+            Op::Max,
+            Op::BitAnd,
+            Op::BitOr,
+            Op::BitXor,
+        ] {
+            check(&mut w, &c, op, ints(r), &all_i);
+            check(&mut w, &c, op, bytes(r), &all_b);
+        }
+        for op in [Op::Sum, Op::Prod, Op::Min, Op::Max] {
+            check(&mut w, &c, op, floats(r), &all_f);
+        }
+        // Just past a slot: agreed through the block, then through messages.
+        let big = |r: u32| -> Vec<u64> { (0..33).map(|i| i * 1000 + r as u64).collect() };
+        let all_big: Vec<_> = (0..4).map(big).collect();
+        check(&mut w, &c, Op::Sum, big(r), &all_big);
+        check(
+            &mut w,
+            &c,
+            Op::Sum,
+            Vec::<u32>::new(),
+            &[vec![], vec![], vec![], vec![]],
+        );
+    });
+}
+
+#[test]
+fn node_collectives_catch_mismatches_on_every_rank() {
+    // One rank's data fits a slot and the other's does not: both hear of it.
+    let errs = job(2, |mut w| {
+        let c = w.comm();
+        let mut v = vec![1u64; if w.rank() == 0 { 4 } else { 100 }];
+        let e = w.allreduce(&c, &mut v, Op::Sum).unwrap_err().to_string();
+        // Still in step afterwards.
+        let mut x = [w.rank()];
+        w.allreduce(&c, &mut x, Op::Sum).unwrap();
+        assert_eq!(x, [1]);
+        e
+    });
+    assert!(
+        errs.iter()
+            .all(|e| e.contains("collective arguments differ") && e.contains("32") && e.contains("800")),
+        "{errs:?}"
+    );
+    // A barrier on one rank and an allreduce on the other.
+    let errs = job(2, |mut w| {
+        let c = w.comm();
+        if w.rank() == 0 {
+            w.barrier(&c).map_err(|e| e.to_string())
+        } else {
+            let mut x = [1.0f64];
+            w.allreduce(&c, &mut x, Op::Sum).map_err(|e| e.to_string())
+        }
+    });
+    assert!(errs[0].is_ok(), "{errs:?}");
+    assert!(
+        errs[1].as_ref().is_err_and(|e| e.contains("another collective")),
+        "{errs:?}"
+    );
+}
+
+#[test]
+fn communicators_claim_node_blocks_and_give_them_back() {
+    job(3, |mut w| {
+        let world = w.comm();
+        // More communicators alive at once than there are blocks: the rest use messages.
+        let comms: Vec<Comm> = (0..12).map(|_| w.dup(&world).unwrap()).collect();
+        for (i, c) in comms.iter().enumerate() {
+            let mut x = [i as u32 + w.rank()];
+            w.allreduce(c, &mut x, Op::Sum).unwrap();
+            assert_eq!(x, [3 * i as u32 + 3]);
+            w.barrier(c).unwrap();
+        }
+        drop(comms);
+        w.barrier(&world).unwrap();
+        // Dropped ones gave their blocks back: many more come and go.
+        for i in 0..40u32 {
+            let c = w.dup(&world).unwrap();
+            let mut x = [i];
+            w.allreduce(&c, &mut x, Op::Max).unwrap();
+            assert_eq!(x, [i]);
+        }
+        // Split halves, each with a block of its own.
+        let half = w.split(&world, Some(w.rank() % 2), 0).unwrap().unwrap();
+        let mut x = [1u8];
+        w.allreduce(&half, &mut x, Op::Sum).unwrap();
+        assert_eq!(x, [if w.rank() % 2 == 0 { 2 } else { 1 }]);
+        w.barrier(&half).unwrap();
+    });
+}
+
+#[test]
+fn a_large_isend_moves_on_while_the_sender_computes_between_tests() {
+    const LEN: usize = 4 << 20;
+    let calls = job(2, |mut w| {
+        let c = w.comm();
+        if w.rank() == 1 {
+            let mut b = vec![0u8; LEN];
+            w.recv(&c, 0, 0, &mut b).unwrap();
+            assert!(b == pattern(5, LEN));
+            return 0;
+        }
+        let data = pattern(5, LEN);
+        w.scope(|s| {
+            let mut r = s.isend(&c, 1, 0, &data).unwrap();
+            let mut calls = 0;
+            loop {
+                calls += 1;
+                if s.test(&mut r).unwrap() {
+                    break calls;
+                }
+                // "Compute" for a while: the receiver drains what the last test handed
+                // the channel, so the next test finds room for much more.
+                let t = std::time::Instant::now();
+                while t.elapsed() < Duration::from_micros(300) {
+                    std::hint::spin_loop();
+                }
+            }
+        })
+    });
+    // Chunk by chunk this would take 500 tests; each test moves as much as the
+    // channel takes, so a few dozen do.
+    assert!(calls[0] < 100, "{} tests to move {LEN} bytes", calls[0]);
+}
