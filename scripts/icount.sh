@@ -2,17 +2,18 @@
 # Counts the instructions of one 8-byte send plus its receive, with the message already
 # arrived, with valgrind's callgrind: a figure that does not move with the machine.
 #
-#   scripts/icount.sh channel [OPS]
+#   scripts/icount.sh channel|p2p [OPS]
 #
 # The last line is a JSON object with "instructions_per_op".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-usage() { echo "usage: scripts/icount.sh channel [OPS]" >&2; exit 2; }
+usage() { echo "usage: scripts/icount.sh channel|p2p [OPS]" >&2; exit 2; }
 layer=${1:-}
 ops=${2:-100000}
 case "$layer" in
     channel) fn=nemesis_icount_channel_op ;;
+    p2p) fn=nemesis_icount_p2p_op ;;
     -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) usage ;;
 esac

@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use nemesis::measure::{self, Pair, Summary};
+use nemesis::measure::{self, Layer, Pair, Summary};
 use nemesis::shm::{Geometry, Segment};
 use std::fmt::Write as _;
 use std::io::IsTerminal;
@@ -42,6 +42,9 @@ enum Cmd {
     Msgrate(RateArgs),
     /// A token passed round a ring of processes, which may outnumber the CPUs.
     Ring(RingArgs),
+    /// Barrier and 8-byte allreduce among processes, through the node's shared blocks
+    /// and through messages, interleaved round by round.
+    Coll(CollArgs),
     /// Size of the shared segment for a number of processes, with the current settings.
     Memory(MemoryArgs),
 }
@@ -63,6 +66,30 @@ struct LatencyArgs {
     /// Do not pin the two processes to CPUs.
     #[arg(long)]
     no_pin: bool,
+    /// What to measure: the channel, or two-sided send and recv on top of it.
+    #[arg(long, value_enum, default_value = "channel")]
+    layer: LayerArg,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum LayerArg {
+    Channel,
+    P2p,
+}
+
+impl LayerArg {
+    fn layer(self) -> Layer {
+        match self {
+            Self::Channel => Layer::Channel,
+            Self::P2p => Layer::P2p,
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Self::Channel => "channel",
+            Self::P2p => "p2p",
+        }
+    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -127,6 +154,20 @@ struct RingArgs {
 }
 
 #[derive(Args, Debug, Clone)]
+struct CollArgs {
+    /// Process counts to run, one after the other.
+    #[arg(long, value_delimiter = ',', default_value = "2,4",
+          value_parser = clap::value_parser!(u32).range(2..=nemesis::shm::config::MAX_LOCAL_PROCS as i64))]
+    procs: Vec<u32>,
+    /// Calls of each collective per round.
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..))]
+    iters: u64,
+    /// Rounds; the median is reported.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: u32,
+}
+
+#[derive(Args, Debug, Clone)]
 struct MemoryArgs {
     /// Process counts.
     #[arg(long, value_delimiter = ',', default_value = "2,4,8,16,32,64,128",
@@ -147,10 +188,10 @@ impl Json {
     fn new(bench: &str) -> Self {
         Self(format!("{{\"bench\":\"{bench}\""))
     }
-    /// A row about the channel between the pair, for messages of `size` bytes.
-    fn channel(bench: &str, size: usize) -> Self {
+    /// A row about messages of `size` bytes between the pair, through `layer`.
+    fn row(bench: &str, layer: &str, size: usize) -> Self {
         Self::new(bench)
-            .s("layer", "channel")
+            .s("layer", layer)
             .s("transport", "shm")
             .u("size", size as u64)
     }
@@ -206,35 +247,48 @@ fn pinning(pair: &Pair) -> String {
 
 fn latency(pair: &mut Pair, a: &LatencyArgs, json: bool) -> Result<()> {
     let clock = pair.clock();
+    let p2p = a.layer == LayerArg::P2p;
     if !json {
         println!(
-            "# nemesis channel latency, one way (half the round trip), {}",
+            "# nemesis {} latency, one way (half the round trip), {}",
+            a.layer.name(),
             pinning(pair)
         );
         println!("# probe: one cache line written by both processes in turn (the placement probe)");
         println!("# floor: one line per direction, each written by one side (what a fastbox costs at best)");
-        println!("# all three measured by the same two processes, interleaved round by round");
-        println!(
-            "# {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7}  placement",
+        if p2p {
+            println!("# channel: the same ping-pong through the channel underneath; /chan = p2p / channel");
+        }
+        println!("# all measured by the same two processes, interleaved round by round");
+        print!(
+            "# {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7}",
             "size", "p50 ns", "p99 ns", "mean ns", "probe ns", "floor ns", "ratio", "/floor"
         );
+        if p2p {
+            print!(" {:>9} {:>6}", "chan ns", "/chan");
+        }
+        println!("  placement");
     }
     for &size in &a.sizes {
-        let (mut chan, mut probe, mut floor) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut lat, mut probe, mut floor, mut chan) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for r in 0..a.rounds {
             progress(&format!("latency {size} B: round {}/{}", r + 1, a.rounds));
             pair.probe(a.iters, a.warmup, &mut probe)?;
-            pair.ping_pong(size, a.iters, a.warmup, &mut chan)?;
+            pair.ping_pong_through(a.layer.layer(), size, a.iters, a.warmup, &mut lat)?;
+            if p2p {
+                pair.ping_pong(size, a.iters, a.warmup, &mut chan)?;
+            }
             pair.floor(a.iters, a.warmup, &mut floor)?;
         }
         progress_done();
         let half = |v: Vec<u64>| v.into_iter().map(|t| clock.ns(t) / 2.0).collect::<Vec<_>>();
-        let c = Summary::of(&mut half(chan)).context("no samples")?;
+        let c = Summary::of(&mut half(lat)).context("no samples")?;
         let p = Summary::of(&mut half(probe)).context("no samples")?;
         let f = Summary::of(&mut half(floor)).context("no samples")?;
+        let ch = if p2p { Summary::of(&mut half(chan)) } else { None };
         let ratio = c.p50 / p.p50;
         if json {
-            Json::channel("latency", size)
+            let mut row = Json::row("latency", a.layer.name(), size)
                 .f("p50_ns", c.p50)
                 .f("p99_ns", c.p99)
                 .f("mean_ns", c.mean)
@@ -242,13 +296,16 @@ fn latency(pair: &mut Pair, a: &LatencyArgs, json: bool) -> Result<()> {
                 .f("probe_ns", p.p50)
                 .f("ratio", ratio)
                 .f("floor_ns", f.p50)
-                .f("floor_ratio", c.p50 / f.p50)
-                .s("placement", placement(p.p50))
+                .f("floor_ratio", c.p50 / f.p50);
+            if let Some(ch) = ch {
+                row = row.f("channel_ns", ch.p50).f("channel_ratio", c.p50 / ch.p50);
+            }
+            row.s("placement", placement(p.p50))
                 .u("samples", c.count as u64)
                 .print();
         } else {
-            println!(
-                "{:>9} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>7.2} {:>7.2}  {}",
+            print!(
+                "{:>9} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>7.2} {:>7.2}",
                 size,
                 c.p50,
                 c.p99,
@@ -256,9 +313,12 @@ fn latency(pair: &mut Pair, a: &LatencyArgs, json: bool) -> Result<()> {
                 p.p50,
                 f.p50,
                 ratio,
-                c.p50 / f.p50,
-                placement(p.p50)
+                c.p50 / f.p50
             );
+            if let Some(ch) = ch {
+                print!(" {:>9.1} {:>6.2}", ch.p50, c.p50 / ch.p50);
+            }
+            println!("  {}", placement(p.p50));
         }
     }
     Ok(())
@@ -303,7 +363,7 @@ fn bandwidth(pair: &mut Pair, a: &StreamArgs, json: bool) -> Result<()> {
         let bytes = (size as u64 * a.window * a.iters) as f64;
         let (mb, mib) = (bytes / s / 1e6, bytes / s / (1024.0 * 1024.0));
         if json {
-            Json::channel("bw", size)
+            Json::row("bw", "channel", size)
                 .f("mb_s", mb)
                 .f("mib_s", mib)
                 .u("window", a.window)
@@ -328,7 +388,7 @@ fn msgrate(pair: &mut Pair, sizes: &[usize], a: &RateRest, json: bool) -> Result
         let s = stream_median(pair, "msgrate", size, a.window, a.iters, a.warmup, a.rounds)?;
         let rate = (a.window * a.iters) as f64 / s;
         if json {
-            Json::channel("msgrate", size)
+            Json::row("msgrate", "channel", size)
                 .f("msgs_per_s", rate)
                 .u("window", a.window)
                 .print();
@@ -364,6 +424,48 @@ fn ring(a: &RingArgs, json: bool) -> Result<()> {
                 .print();
         } else {
             println!("{n:>7} {secs:>10.4} {per_hop:>12.0}");
+        }
+    }
+    Ok(())
+}
+
+fn coll(a: &CollArgs, json: bool) -> Result<()> {
+    let cpus = measure::allowed_cpus().len();
+    if !json {
+        println!(
+            "# {} calls per round, median of {} rounds, {cpus} usable cpus",
+            a.iters, a.rounds
+        );
+        println!("# node: through the node's shared blocks; messages: dissemination / recursive doubling");
+        println!(
+            "# {:>5} {:>10} {:>9} {:>10} {:>10} {:>10}",
+            "procs", "collective", "path", "median ns", "min ns", "max ns"
+        );
+    }
+    for &n in &a.procs {
+        progress(&format!("collectives among {n}"));
+        let rounds = measure::collectives(n, a.iters, a.rounds)?;
+        progress_done();
+        for (i, (name, path)) in measure::COLL_ROWS.iter().enumerate() {
+            let mut v: Vec<f64> = rounds.iter().map(|r| r.ns[i]).collect();
+            v.sort_by(f64::total_cmp);
+            let (med, min, max) = (v[v.len() / 2], v[0], v[v.len() - 1]);
+            if json {
+                Json::new("coll")
+                    .s("collective", name)
+                    .s("path", path)
+                    .s("transport", "shm")
+                    .u("procs", n as u64)
+                    .u("size", if *name == "allreduce" { 8 } else { 0 })
+                    .u("iters", a.iters)
+                    .u("cpus", cpus as u64)
+                    .f("median_ns", med)
+                    .f("min_ns", min)
+                    .f("max_ns", max)
+                    .print();
+            } else {
+                println!("{n:>7} {name:>10} {path:>9} {med:>10.0} {min:>10.0} {max:>10.0}");
+            }
         }
     }
     Ok(())
@@ -424,6 +526,7 @@ fn run(cli: Cli) -> Result<()> {
             pair.finish()?;
         }
         Some(Cmd::Ring(a)) => ring(&a, cli.json)?,
+        Some(Cmd::Coll(a)) => coll(&a, cli.json)?,
         Some(Cmd::Memory(a)) => memory(&a, cli.json)?,
         None => {
             let lat = LatencyArgs::parse_defaults();

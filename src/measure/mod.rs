@@ -8,10 +8,12 @@
 //! the hardware's floor, which makes figures from different placements comparable.
 
 mod clock;
+mod coll;
 mod pin;
 mod stats;
 
 pub use clock::Clock;
+pub use coll::{COLL_ROWS, CollRound, collectives};
 pub use pin::{allowed_cpus, pair_cpus, pin_to};
 pub use stats::Summary;
 
@@ -37,6 +39,16 @@ const OP_PROBE: u32 = 2;
 const OP_SINK: u32 = 3;
 const OP_QUIT: u32 = 4;
 const OP_FLOOR: u32 = 5;
+const OP_ECHO_P2P: u32 = 6;
+
+/// Which layer a latency measurement goes through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layer {
+    /// The channel: [`Channel::send`] and [`Channel::poll`].
+    Channel,
+    /// Two-sided messaging: [`crate::World::send`] and [`crate::World::recv`].
+    P2p,
+}
 
 /// Why a measurement failed.
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +74,9 @@ pub enum MeasureError {
     /// A packet broke the measurement protocol.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// Two-sided messaging failed.
+    #[error(transparent)]
+    P2p(#[from] crate::p2p::P2pError),
     /// Something else.
     #[error("{0}")]
     Other(String),
@@ -76,6 +91,7 @@ pub fn serve_if_partner() {
     let r = match role.as_str() {
         "partner" => partner(),
         "ring" => ring_rank(),
+        "coll" => coll::coll_rank(),
         other => Err(MeasureError::Other(format!("unknown {ROLE_VAR}={other:?}"))),
     };
     match r {
@@ -248,6 +264,50 @@ impl Pair {
             return Err(MeasureError::Protocol(format!(
                 "expected the ack of op {op}, got {h:?}"
             )));
+        }
+        Ok(())
+    }
+
+    /// `warmup + iters` ping-pongs of `size` bytes through `layer`; pushes the round-trip
+    /// time of each of the last `iters`, in ticks, onto `rtt`.
+    pub fn ping_pong_through(
+        &mut self,
+        layer: Layer,
+        size: usize,
+        iters: u64,
+        warmup: u64,
+        rtt: &mut Vec<u64>,
+    ) -> Result<()> {
+        match layer {
+            Layer::Channel => self.ping_pong(size, iters, warmup, rtt),
+            Layer::P2p => self.ping_pong_p2p(size, iters, warmup, rtt),
+        }
+    }
+
+    fn ping_pong_p2p(&mut self, size: usize, iters: u64, warmup: u64, rtt: &mut Vec<u64>) -> Result<()> {
+        self.command(OP_ECHO_P2P, [warmup + iters, 0, 0])?;
+        let msg = vec![0xa5u8; size];
+        let mut buf = vec![0u8; size];
+        let clock = self.clock;
+        let mut w = crate::World::new(&mut self.ch).map_err(|e| MeasureError::Other(e.to_string()))?;
+        let c = w.comm();
+        for i in 0..warmup + iters {
+            let t0 = clock.now();
+            w.send(&c, 1, 0, &msg)
+                .map_err(|e| MeasureError::Other(e.to_string()))?;
+            let st = w
+                .recv(&c, 1, 0, &mut buf)
+                .map_err(|e| MeasureError::Other(e.to_string()))?;
+            let t1 = clock.now();
+            if st.len != size {
+                return Err(MeasureError::Protocol(format!(
+                    "echo of {} bytes, sent {size}",
+                    st.len
+                )));
+            }
+            if i >= warmup {
+                rtt.push(t1.wrapping_sub(t0));
+            }
         }
         Ok(())
     }
@@ -427,6 +487,19 @@ fn partner() -> Result<()> {
                     ch.send_bytes(0, h, &buf[..len])?;
                 }
             }
+            OP_ECHO_P2P => {
+                ch.send_bytes(0, ack, &[])?;
+                let mut w = crate::World::new(&mut ch).map_err(|e| MeasureError::Other(e.to_string()))?;
+                let c = w.comm();
+                let mut big = vec![0u8; w.config().eager_limit.max(1 << 20)];
+                for _ in 0..count {
+                    let st = w
+                        .recv(&c, 0, 0, &mut big)
+                        .map_err(|e| MeasureError::Other(e.to_string()))?;
+                    w.send(&c, 0, 0, &big[..st.len])
+                        .map_err(|e| MeasureError::Other(e.to_string()))?;
+                }
+            }
             OP_PROBE | OP_FLOOR => {
                 let seg = ch.segment().clone();
                 let [ping_line, pong_line] = seg.probe_lines();
@@ -502,6 +575,19 @@ fn start_job(size: u32, env: Vec<(std::ffi::OsString, std::ffi::OsString)>) -> R
     Ok((job, ShmChannel::from_boot(boot)?))
 }
 
+/// Waits for the partners of a job to exit, and fails if one did not exit cleanly.
+fn end_job(job: Job) -> Result<()> {
+    let out = job.watch(Watch {
+        grace: Duration::from_secs(5),
+        timeout: Some(Duration::from_secs(60)),
+        report: None,
+    });
+    match out.first_failure {
+        Some((rank, exit)) => Err(MeasureError::PartnerDied { rank, exit }),
+        None => Ok(()),
+    }
+}
+
 /// Passes a token `messages` times round a ring of `procs` processes, this one rank 0
 /// and the others started from this executable, each waiting the way the channel's
 /// [`crate::WaitPolicy`] says. Checks that every hop arrives once and in order.
@@ -519,14 +605,7 @@ pub fn ring(procs: u32, messages: u64) -> Result<RingResult> {
         let mut alive = Pair::alive_check(&mut job);
         run_ring(&mut ch, messages, &mut alive)?
     };
-    let out = job.take().expect("job").watch(Watch {
-        grace: Duration::from_secs(5),
-        timeout: Some(Duration::from_secs(60)),
-        report: None,
-    });
-    if let Some((rank, exit)) = out.first_failure {
-        return Err(MeasureError::PartnerDied { rank, exit });
-    }
+    end_job(job.take().expect("job"))?;
     Ok(RingResult {
         procs,
         messages,
