@@ -1,11 +1,11 @@
-//! Every rank says who and where it is.
+//! Every rank says who and where it is, then all meet at a barrier.
 //!
 //! ```text
 //! cargo build --release --examples
 //! target/release/nemesis-run -n 4 target/release/examples/hello
 //! ```
 
-use nemesis::{Channel, ShmChannel};
+use nemesis::p2p::Locality;
 
 fn hostname() -> String {
     let mut buf = [0u8; 256];
@@ -20,8 +20,12 @@ fn hostname() -> String {
 }
 
 fn main() {
-    let ch = match ShmChannel::init() {
-        Ok(ch) => ch,
+    if std::env::args().len() > 1 {
+        println!("usage: hello   (run it under nemesis-run, mpiexec or srun; it takes no arguments)");
+        return;
+    }
+    let mut world = match nemesis::init() {
+        Ok(w) => w,
         Err(e) => {
             eprintln!("hello: {e}");
             std::process::exit(1);
@@ -29,12 +33,20 @@ fn main() {
     };
     // A peer on another node is reached through a network module, one on this node
     // through shared memory.
-    let all_local = (0..ch.size()).all(|r| ch.is_local(r));
-    let via = if all_local { "shm" } else { "net" };
+    let remote = world.locality().contains(&Locality::Remote);
+    let via = if remote { "net" } else { "shm" };
     println!(
         "hello from rank {} of {} on {} via {via}",
-        ch.rank(),
-        ch.size(),
+        world.rank(),
+        world.size(),
         hostname()
     );
+    // Without a network module there is no way to meet ranks on other nodes.
+    if !remote {
+        let comm = world.comm();
+        if let Err(e) = world.barrier(&comm) {
+            eprintln!("hello: {e}");
+            std::process::exit(1);
+        }
+    }
 }

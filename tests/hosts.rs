@@ -3,20 +3,12 @@
 //! addresses inside those namespaces are used. Where `ip netns` is not permitted the
 //! tests say so and pass.
 
+mod common;
+
+use common::{RUN, example, text};
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
-
-const RUN: &str = env!("CARGO_BIN_EXE_nemesis-run");
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 /// Two namespaces, `a` at 10.X.Y.1 and `b` at 10.X.Y.2, joined by veth `va`–`vb`.
 struct Hosts {
@@ -136,18 +128,6 @@ impl Drop for Hosts {
         let _ = ip(&["netns", "del", &self.a]);
         let _ = ip(&["netns", "del", &self.b]);
     }
-}
-
-fn example(name: &str) -> PathBuf {
-    let deps = std::env::current_exe().unwrap();
-    let profile_dir = deps.parent().unwrap().parent().unwrap();
-    let mut c = Command::new(env!("CARGO"));
-    c.args(["build", "--quiet", "--example", name]);
-    if profile_dir.file_name().is_some_and(|p| p == "release") {
-        c.arg("--release");
-    }
-    assert!(c.status().unwrap().success(), "building example {name}");
-    profile_dir.join("examples").join(name)
 }
 
 #[test]

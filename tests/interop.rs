@@ -4,19 +4,11 @@
 //! These need Debian's `mpich` and `libmpich-dev`, which `scripts/test.sh` installs.
 //! Without them the tests say so and pass, except under CI, where they fail.
 
+mod common;
+
+use common::{RUN, example, text};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-const RUN: &str = env!("CARGO_BIN_EXE_nemesis-run");
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use std::process::Command;
 
 /// The path of `tool`, or `None` (with a message) when it is not installed.
 fn tool(name: &str) -> Option<PathBuf> {
@@ -32,18 +24,6 @@ fn tool(name: &str) -> Option<PathBuf> {
         eprintln!("skipping: {msg}");
     }
     found
-}
-
-fn example(name: &str) -> PathBuf {
-    let deps = std::env::current_exe().unwrap();
-    let profile_dir = deps.parent().unwrap().parent().unwrap();
-    let mut c = Command::new(env!("CARGO"));
-    c.args(["build", "--quiet", "--example", name]);
-    if profile_dir.file_name().is_some_and(|p| p == "release") {
-        c.arg("--release");
-    }
-    assert!(c.status().unwrap().success(), "building example {name}");
-    profile_dir.join("examples").join(name)
 }
 
 /// Compiles the MPI test program with MPICH's compiler wrapper.

@@ -4,79 +4,13 @@
 //! Each child role is an ignored test of this binary, which `nemesis-run` starts with
 //! `--exact child_… --ignored`; `NEMESIS_TEST_CHILD` tells it that it is a child.
 
+mod common;
+
+use common::*;
 use nemesis::{Channel, ChannelError, Header, SendStatus, ShmChannel};
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
-
-const RUN: &str = env!("CARGO_BIN_EXE_nemesis-run");
-
-fn child_args(role: &str) -> Vec<String> {
-    let exe = std::env::current_exe().unwrap().display().to_string();
-    vec![
-        exe,
-        "--exact".into(),
-        format!("child_{role}"),
-        "--ignored".into(),
-        "--nocapture".into(),
-        "--test-threads=1".into(),
-    ]
-}
-
-/// `nemesis-run -n N` of a child role, with a private shared-memory directory.
-fn run(n: u32, role: &str, shm: &Path) -> Command {
-    let mut c = Command::new(RUN);
-    c.args(["-n", &n.to_string(), "--timeout", "300", "--"])
-        .args(child_args(role));
-    c.env("NEMESIS_TEST_CHILD", "1").env("NEMESIS_SHM_DIR", shm);
-    c
-}
-
-/// As [`run`], started with its output piped back to us.
-fn start(n: u32, role: &str, shm: &Path) -> Child {
-    run(n, role, shm)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-fn shm_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("nemesis-mp-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn leftovers(dir: &Path) -> Vec<String> {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-/// Children only: fails the child process (not a panic, which libtest would report as
-/// a failed test and exit 101 anyway) with a message.
-fn child_main(f: impl FnOnce() -> Result<(), String>) {
-    if std::env::var_os("NEMESIS_TEST_CHILD").is_none() {
-        return;
-    }
-    if let Err(e) = f() {
-        eprintln!("child error: {e}");
-        std::process::exit(1);
-    }
-}
 
 /// Reads `count` "ready RANK PID" reports from a child's stdout; returns them.
 fn wait_ready(child: &mut Child, count: usize) -> Vec<String> {
@@ -313,19 +247,6 @@ fn child_init_only() {
     });
 }
 
-/// An example program, built (or found up to date) by the cargo that built this test.
-fn example(name: &str) -> PathBuf {
-    let deps = std::env::current_exe().unwrap();
-    let profile_dir = deps.parent().unwrap().parent().unwrap();
-    let mut c = Command::new(env!("CARGO"));
-    c.args(["build", "--quiet", "--example", name]);
-    if profile_dir.file_name().is_some_and(|p| p == "release") {
-        c.arg("--release");
-    }
-    assert!(c.status().unwrap().success(), "building example {name}");
-    profile_dir.join("examples").join(name)
-}
-
 // ---------------------------------------------------------------------------------
 // Tests
 
@@ -353,6 +274,20 @@ fn examples_run_under_the_launcher() {
     assert!(o.status.success(), "{}", text(&o));
     assert!(
         String::from_utf8_lossy(&o.stdout).contains("600 hops"),
+        "{}",
+        text(&o)
+    );
+    // Six ranks as 2x3 tiles, checked against one process bit for bit.
+    let o = Command::new(RUN)
+        .args(["-n", "6"])
+        .arg(example("halo"))
+        .args(["--tile", "12", "--iters", "60", "--check"])
+        .env("NEMESIS_SHM_DIR", &dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("matches a single-process run"),
         "{}",
         text(&o)
     );

@@ -1,0 +1,91 @@
+//! What the multi-process test binaries share: starting `nemesis-run` on a child role
+//! of the test binary itself, private shared-memory directories, examples, and output.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+pub const RUN: &str = env!("CARGO_BIN_EXE_nemesis-run");
+
+/// The arguments that make this test binary run only the ignored test `child_{role}`.
+pub fn child_args(role: &str) -> Vec<String> {
+    let exe = std::env::current_exe().unwrap().display().to_string();
+    vec![
+        exe,
+        "--exact".into(),
+        format!("child_{role}"),
+        "--ignored".into(),
+        "--nocapture".into(),
+        "--test-threads=1".into(),
+    ]
+}
+
+/// `nemesis-run -n N` of a child role, with a private shared-memory directory.
+pub fn run(n: u32, role: &str, shm: &Path) -> Command {
+    let mut c = Command::new(RUN);
+    c.args(["-n", &n.to_string(), "--timeout", "300", "--"])
+        .args(child_args(role));
+    c.env("NEMESIS_TEST_CHILD", "1").env("NEMESIS_SHM_DIR", shm);
+    c
+}
+
+/// As [`run`], started with its output piped back to us.
+pub fn start(n: u32, role: &str, shm: &Path) -> Child {
+    run(n, role, shm)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// A fresh directory for a test's segments.
+pub fn shm_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("nemesis-mp-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Files left in `dir`.
+pub fn leftovers(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// A process's status and output, for assertion messages.
+pub fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Children only: runs `f` and fails the child process (not a panic, which libtest
+/// would report as a failed test and exit 101 anyway) with its message.
+pub fn child_main(f: impl FnOnce() -> Result<(), String>) {
+    if std::env::var_os("NEMESIS_TEST_CHILD").is_none() {
+        return;
+    }
+    if let Err(e) = f() {
+        eprintln!("child error: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// An example program, built (or found up to date) by the cargo that built this test.
+pub fn example(name: &str) -> PathBuf {
+    let deps = std::env::current_exe().unwrap();
+    let profile_dir = deps.parent().unwrap().parent().unwrap();
+    let mut c = Command::new(env!("CARGO"));
+    c.args(["build", "--quiet", "--example", name]);
+    if profile_dir.file_name().is_some_and(|p| p == "release") {
+        c.arg("--release");
+    }
+    assert!(c.status().unwrap().success(), "building example {name}");
+    profile_dir.join("examples").join(name)
+}
