@@ -16,11 +16,14 @@ pub mod coll;
 pub mod config;
 pub mod doorbell;
 pub mod error;
+#[cfg(not(loom))]
+mod file;
 pub mod futex;
 pub mod heap;
 pub mod port;
 pub mod queue;
 pub mod region;
+pub mod ring;
 #[cfg(not(loom))]
 pub mod segment;
 pub mod sync;

@@ -11,16 +11,12 @@ use crate::coll::{self, Block, CollHead};
 use crate::config::{CELL_HEADER, FBOX_HEADER, Geometry, MAX_LOCAL_PROCS};
 use crate::doorbell::Doorbell;
 use crate::error::{Bytes, ShmError};
+use crate::file::{self, CreateError, Mapping};
 use crate::queue::{Links, QueueShared};
 use crate::region::{CellAccess, CellMeta, Envelope, FboxAccess, Region, gather};
 use crate::sync::{AtomicU32, AtomicU64, CachePadded, Ordering, PAD, UnsafeCell};
-use std::ffi::CString;
-use std::fs::{File, OpenOptions};
 use std::marker::PhantomData;
 use std::mem::{offset_of, size_of};
-use std::os::fd::AsRawFd;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::ptr::{NonNull, addr_of, addr_of_mut};
 use std::sync::atomic::AtomicBool;
@@ -280,47 +276,6 @@ pub struct JoinSpec {
     pub timeout: Duration,
 }
 
-/// An `mmap` that is unmapped on drop.
-struct Mapping {
-    base: NonNull<u8>,
-    len: usize,
-}
-
-impl Mapping {
-    fn new(file: Option<&File>, len: usize, what: &str) -> Result<Self, ShmError> {
-        let (flags, fd) = match file {
-            Some(f) => (libc::MAP_SHARED, f.as_raw_fd()),
-            None => (libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1),
-        };
-        // SAFETY: a fresh mapping at an address of the kernel's choosing; it aliases no
-        // Rust object, and `fd` is open for the duration of the call.
-        let p = unsafe {
-            libc::mmap(
-                core::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                flags,
-                fd,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(ShmError::last_os("mmap", what));
-        }
-        Ok(Self {
-            base: NonNull::new(p.cast()).expect("mmap returned null"),
-            len,
-        })
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: we mapped exactly this range and nothing borrows it past our owner.
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
-    }
-}
-
 /// A mapped segment.
 pub struct Segment {
     map: Mapping,
@@ -395,51 +350,17 @@ impl Segment {
     /// Creates the file, reserves it, writes the header and publishes it under its name.
     pub fn create(spec: &JoinSpec) -> Result<Self, ShmError> {
         let layout = Layout::new(spec.nprocs, spec.geometry)?;
-        let path = spec.dir.join(&spec.name);
-        let tmp = spec
-            .dir
-            .join(format!(".{}.{}.tmp", spec.name, std::process::id()));
-        let needed = layout.total as u64;
-        if let Some(available) = free_bytes(&spec.dir) {
-            if available < needed {
+        // The header goes in before the file has its name; its magic is stored last.
+        let write = |m: &Mapping| Self::write_header_at(m.base.as_ptr(), &layout, spec.job_id, spec.node);
+        let (map, path) = match file::create(&spec.dir, &spec.name, layout.total, write) {
+            Ok(m) => m,
+            Err(CreateError::NoSpace { needed, available }) => {
                 return Err(no_space(&spec.dir, needed, available, spec.geometry));
             }
-        }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(|e| ShmError::io("create", tmp.display(), e))?;
-        let cleanup = Unlinker(Some(tmp.clone()));
-        // The umask may only have narrowed the mode; make it exactly owner-only.
-        file.set_permissions(std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| ShmError::io("chmod", tmp.display(), e))?;
-        // SAFETY: `file` is an open descriptor we own.
-        let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, layout.total as libc::off_t) };
-        if rc == libc::ENOSPC || rc == libc::EFBIG {
-            let available = free_bytes(&spec.dir).unwrap_or(0);
-            return Err(no_space(&spec.dir, needed, available, spec.geometry));
-        } else if rc != 0 {
-            return Err(ShmError::io(
-                "posix_fallocate",
-                tmp.display(),
-                std::io::Error::from_raw_os_error(rc),
-            ));
-        }
-        let map = Mapping::new(Some(&file), layout.total, &tmp.display().to_string())?;
-        let seg = Self::from_parts(map, layout, Some(path.clone()));
-        seg.write_header(spec.job_id, spec.node);
-        std::fs::hard_link(&tmp, &path).map_err(|e| {
-            ShmError::io(
-                "publish segment (is a job with the same id running?)",
-                path.display(),
-                e,
-            )
-        })?;
+            Err(CreateError::Other(e)) => return Err(e),
+        };
+        let seg = Self::from_parts(map, layout, Some(path));
         seg.linked.store(true, Ordering::Relaxed);
-        drop(cleanup);
         Ok(seg)
     }
 
@@ -448,33 +369,22 @@ impl Segment {
         let path = spec.dir.join(&spec.name);
         let shown = path.display().to_string();
         let mut delay = Duration::from_micros(200);
-        let file = loop {
-            match OpenOptions::new().read(true).write(true).open(&path) {
-                Ok(f) => break f,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    if Instant::now() >= deadline {
-                        return Err(ShmError::Timeout {
-                            what: format!("{shown} to be created by local process 0"),
-                            waited: spec.timeout,
-                        });
-                    }
+        let map = loop {
+            match file::open(&path, size_of::<Control>())? {
+                Some(m) => break m,
+                None if Instant::now() >= deadline => {
+                    return Err(ShmError::Timeout {
+                        what: format!("{shown} to be created by local process 0"),
+                        waited: spec.timeout,
+                    });
+                }
+                None => {
                     std::thread::sleep(delay);
                     delay = (delay * 2).min(Duration::from_millis(20));
                 }
-                Err(e) => return Err(ShmError::io("open", &shown, e)),
             }
         };
-        let size = file
-            .metadata()
-            .map_err(|e| ShmError::io("stat", &shown, e))?
-            .len() as usize;
-        if size < size_of::<Control>() {
-            return Err(ShmError::NotASegment {
-                path: shown,
-                why: "too short",
-            });
-        }
-        let map = Mapping::new(Some(&file), size, &shown)?;
+        let size = map.len;
         // SAFETY: the mapping is at least one `Control` long and page-aligned; the header's
         // fields are plain integers and atomics, valid for any bytes.
         let h = unsafe { &*map.base.as_ptr().cast::<SegHeader>() };
@@ -564,9 +474,14 @@ impl Segment {
     }
 
     fn write_header(&self, job_id: u64, node: u32) {
-        let h: *mut SegHeader = self.map.base.as_ptr().cast();
-        let l = &self.layout;
-        // SAFETY: nobody else can see the segment yet; the fields are in bounds.
+        Self::write_header_at(self.map.base.as_ptr(), &self.layout, job_id, node);
+    }
+
+    /// Writes the header of a segment of `l` mapped at `base`, magic last (Release).
+    fn write_header_at(base: *mut u8, l: &Layout, job_id: u64, node: u32) {
+        let h: *mut SegHeader = base.cast();
+        // SAFETY: nobody else can see the segment yet; the fields are in bounds of a
+        // mapping at least one `Control` long.
         unsafe {
             addr_of_mut!((*h).version).write(LAYOUT_VERSION);
             addr_of_mut!((*h).nprocs).write(l.nprocs);
@@ -577,8 +492,8 @@ impl Segment {
             addr_of_mut!((*h).cell_size).write(l.geo.cell_size);
             addr_of_mut!((*h).fbox_size).write(l.geo.fbox_size);
             addr_of_mut!((*h).node).write(node);
+            (*h).magic.store(MAGIC, Ordering::Release);
         }
-        self.control().header.magic.store(MAGIC, Ordering::Release);
     }
 
     #[inline(always)]
@@ -722,27 +637,6 @@ impl Drop for Segment {
         // A creator that never reached the barrier leaves no file behind.
         let _ = self.unlink();
     }
-}
-
-/// Removes a file on drop unless disarmed.
-struct Unlinker(Option<PathBuf>);
-impl Drop for Unlinker {
-    fn drop(&mut self) {
-        if let Some(p) = self.0.take() {
-            let _ = std::fs::remove_file(p);
-        }
-    }
-}
-
-fn free_bytes(dir: &Path) -> Option<u64> {
-    let c = CString::new(dir.as_os_str().as_bytes()).ok()?;
-    // SAFETY: all-zero bytes are a valid statvfs.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a valid C string and `st` a valid out-pointer.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return None;
-    }
-    Some(st.f_bavail as u64 * st.f_frsize as u64)
 }
 
 fn no_space(dir: &Path, needed: u64, available: u64, geo: Geometry) -> ShmError {
@@ -950,6 +844,8 @@ impl Region for Segment {
 mod tests {
     use super::*;
     use crate::port::Port;
+    use std::fs::OpenOptions;
+    use std::os::unix::fs::PermissionsExt;
     use std::sync::Arc;
 
     fn spec(dir: &Path, nprocs: u32) -> JoinSpec {

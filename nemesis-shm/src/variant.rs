@@ -28,6 +28,11 @@ pub trait Variant: 'static {
     /// Whether the last arrival at a node barrier advances the generation with an RMW,
     /// which cannot miss a sleeper's announcement.
     const COLL_RELEASE_RMW: bool = true;
+    /// The store of a copy-ring slot's length by the sender, which publishes its bytes.
+    const RING_PUBLISH: Ordering = Ordering::Release;
+    /// The store that empties a copy-ring slot, which hands it back to the sender after
+    /// the receiver's last read of it.
+    const RING_RETURN: Ordering = Ordering::Release;
 }
 
 /// The correct protocol.
@@ -121,4 +126,24 @@ pub enum PlainRelease {}
 #[cfg(loom)]
 impl Variant for PlainRelease {
     const COLL_RELEASE_RMW: bool = false;
+}
+
+/// Broken: the sender of a copy ring publishes a slot with a Relaxed store, so the
+/// receiver may copy the slot out before its contents.
+#[cfg(loom)]
+#[derive(Debug)]
+pub enum RelaxedRing {}
+#[cfg(loom)]
+impl Variant for RelaxedRing {
+    const RING_PUBLISH: Ordering = Ordering::Relaxed;
+}
+
+/// Broken: the receiver of a copy ring empties a slot with a Relaxed store, so the
+/// sender may refill it while the receiver still reads it.
+#[cfg(loom)]
+#[derive(Debug)]
+pub enum RelaxedRingReturn {}
+#[cfg(loom)]
+impl Variant for RelaxedRingReturn {
+    const RING_RETURN: Ordering = Ordering::Relaxed;
 }
