@@ -1,78 +1,326 @@
 //! Large-message transfer (LMT) for nemesis.
 //!
-//! A message at or above the eager limit is not chopped through queue cells. The
-//! sender sends a request-to-send (RTS) carrying a cookie that describes its buffer, the
-//! receiver matches it and moves the data with one of the strategies here, and a DONE
-//! packet ends the exchange. Depending on the strategy the receiver pulls the data (get),
-//! the sender pushes it (put), or both take part (cooperative).
+//! A message above the eager limit is not chopped through queue cells. The sender sends
+//! a request-to-send (RTS) naming the strategies it offers and, for those that need it, a
+//! cookie describing its buffer. The receiver matches it, chooses a strategy, and either
+//! starts at once (the receiver *gets*), or answers with a clear-to-send (CTS) naming the
+//! strategy and carrying its own cookie (the sender *puts*, or both *cooperate* through
+//! an intermediate buffer). A DONE packet ends the exchange. The two-sided layer owns
+//! those packets; this crate owns the strategies behind the [`Lmt`] trait:
 //!
-//! This crate holds the trait; the strategies (single-copy CMA, a shared-memory copy
-//! ring, vmsplice) implement it.
+//! | strategy   | mode        | copies | needs                                   |
+//! |------------|-------------|--------|-----------------------------------------|
+//! | `cma`      | get         | 1      | `process_vm_readv` permitted (ptrace)   |
+//! | `cma-put`  | put         | 1      | `process_vm_writev` permitted           |
+//! | `ring`     | cooperative | 2      | room for a ring file in the shm dir     |
+//! | `vmsplice` | cooperative | 1      | a FIFO in the shm dir                   |
+//! | `chunks`   | cooperative | 2      | nothing: packets through queue cells    |
+//!
+//! `chunks` is carried out by the two-sided layer itself; it is always possible and is
+//! what every other strategy falls back to.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
+
+pub mod cma;
+mod iov;
+pub mod local;
+pub mod pipe;
+pub mod policy;
+pub mod rdma;
+mod stream;
+
+pub use local::LocalLmt;
+pub use nemesis_shm::ring::Seg;
+pub use policy::Policy;
 
 use std::fmt;
 
 /// Who moves the bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
-    /// The sender writes into the receiver's buffer.
+    /// The sender writes into the receiver's buffer, described by the CTS cookie.
     Put,
-    /// The receiver reads the sender's buffer.
+    /// The receiver reads the sender's buffer, described by the RTS cookie.
     Get,
     /// Both sides take part, through an intermediate buffer.
     Cooperative,
 }
 
-/// Why a transfer failed.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum LmtError {
-    /// The cookie names memory the peer does not own, or a length that does not match.
-    BadCookie(String),
-    /// The peer died during the transfer.
-    PeerFailed {
-        /// The peer's rank.
-        rank: u32,
-    },
-    /// An operating-system error.
-    Io(std::io::Error),
+/// A way to move a large message. The discriminant is its code on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Strategy {
+    /// Chunks through queue cells, done by the two-sided layer.
+    Chunks = 0,
+    /// The receiver reads the sender's memory with `process_vm_readv`.
+    Cma = 1,
+    /// The sender writes the receiver's memory with `process_vm_writev`.
+    CmaPut = 2,
+    /// A shared-memory copy ring per ordered pair.
+    Ring = 3,
+    /// The sender's pages spliced into a pipe, read by the receiver.
+    Vmsplice = 4,
 }
 
-impl fmt::Display for LmtError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl Strategy {
+    /// Every strategy, in wire-code order.
+    pub const ALL: [Strategy; 5] = [
+        Strategy::Chunks,
+        Strategy::Cma,
+        Strategy::CmaPut,
+        Strategy::Ring,
+        Strategy::Vmsplice,
+    ];
+
+    /// The strategy with wire code `code`.
+    pub fn from_code(code: u8) -> Option<Self> {
+        Self::ALL.get(code as usize).copied()
+    }
+
+    /// Its name, as in `NEMESIS_LMT`.
+    pub fn name(self) -> &'static str {
         match self {
-            Self::BadCookie(why) => write!(f, "bad LMT cookie: {why}"),
-            Self::PeerFailed { rank } => write!(f, "peer {rank} failed during a large transfer"),
-            Self::Io(e) => write!(f, "large transfer I/O: {e}"),
+            Strategy::Chunks => "chunks",
+            Strategy::Cma => "cma",
+            Strategy::CmaPut => "cma-put",
+            Strategy::Ring => "ring",
+            Strategy::Vmsplice => "vmsplice",
         }
+    }
+
+    /// Who moves the bytes.
+    pub fn mode(self) -> Mode {
+        match self {
+            Strategy::Cma => Mode::Get,
+            Strategy::CmaPut => Mode::Put,
+            Strategy::Chunks | Strategy::Ring | Strategy::Vmsplice => Mode::Cooperative,
+        }
+    }
+
+    /// Whether the sender's own pages are read after the sender handed them over, so a
+    /// send that is let go early must not give its buffer back before the receiver is
+    /// done (or has promised not to start).
+    pub fn reads_in_place(self) -> bool {
+        matches!(self, Strategy::Cma | Strategy::Vmsplice)
     }
 }
 
-impl std::error::Error for LmtError {}
-
-/// Progress of one transfer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Progress {
-    /// Bytes moved so far; call again.
-    Partial(usize),
-    /// All bytes moved.
-    Done,
+impl fmt::Display for Strategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
-/// One large-message strategy.
+/// A set of strategies, as a sender offers them in its RTS (bit `1 << code`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Strategies(pub u8);
+
+impl Strategies {
+    /// Only chunks.
+    pub const CHUNKS: Strategies = Strategies(1);
+
+    /// Whether `s` is in the set.
+    pub fn has(self, s: Strategy) -> bool {
+        self.0 & (1 << s as u8) != 0
+    }
+
+    /// The set with `s` added.
+    #[must_use]
+    pub fn with(self, s: Strategy) -> Self {
+        Strategies(self.0 | 1 << s as u8)
+    }
+
+    /// The set without `s`.
+    #[must_use]
+    pub fn without(self, s: Strategy) -> Self {
+        Strategies(self.0 & !(1 << s as u8))
+    }
+}
+
+/// Why a transfer failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LmtError {
+    /// A cookie names memory the peer does not own, or lengths that do not match.
+    #[error("bad large-message cookie from rank {peer}: {why}")]
+    BadCookie {
+        /// The peer.
+        peer: u32,
+        /// What is wrong.
+        why: String,
+    },
+    /// The peer died during the transfer.
+    #[error("rank {peer} failed during a large transfer: {why}")]
+    PeerFailed {
+        /// The peer.
+        peer: u32,
+        /// What was seen.
+        why: String,
+    },
+    /// The system refused the strategy (ptrace policy, a seccomp filter); nothing moved.
+    #[error("{strategy} to rank {peer} is not permitted: {why}")]
+    NotPermitted {
+        /// The peer.
+        peer: u32,
+        /// The strategy.
+        strategy: Strategy,
+        /// The system's answer.
+        why: std::io::Error,
+    },
+    /// A forced strategy, or a tunable, that cannot be used.
+    #[error("invalid {var}={value:?}: {reason}")]
+    Config {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Another operating-system error.
+    #[error("large transfer with rank {peer} ({strategy}): {source}")]
+    Io {
+        /// The peer.
+        peer: u32,
+        /// The strategy.
+        strategy: Strategy,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The shared-memory layer failed (a ring file that cannot be made or mapped).
+    #[error(transparent)]
+    Shm(#[from] nemesis_shm::ShmError),
+}
+
+/// Which end of a transfer a [`Xfer`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The end whose buffer holds the message.
+    Send,
+    /// The end whose buffer takes it.
+    Recv,
+}
+
+/// One side of one transfer in progress.
+#[derive(Debug)]
+pub struct Xfer {
+    /// The other process (a rank of the channel).
+    pub peer: u32,
+    /// How the bytes move.
+    pub strategy: Strategy,
+    /// Which end this is.
+    pub role: Role,
+    /// Bytes of the message.
+    pub total: usize,
+    /// Bytes this side has moved.
+    pub done: usize,
+    /// Bytes this side must move: for a receive into a short buffer, only what fits
+    /// (the rest is drained where the strategy must drain it).
+    pub(crate) want: usize,
+    /// Where `done` is in the local buffer list.
+    pub(crate) at: nemesis_shm::ring::SegCursor,
+    /// The peer's buffer, for get and put.
+    pub(crate) remote: Vec<(u64, u64)>,
+}
+
+impl Xfer {
+    pub(crate) fn new(peer: u32, strategy: Strategy, role: Role, total: usize) -> Self {
+        Self {
+            peer,
+            strategy,
+            role,
+            total,
+            done: 0,
+            want: total,
+            at: Default::default(),
+            remote: Vec::new(),
+        }
+    }
+
+    /// Whether this side has nothing left to do.
+    pub fn is_complete(&self) -> bool {
+        self.done >= self.want
+    }
+}
+
+/// Large-message transfer as the two-sided layer drives it.
+///
+/// The layer calls [`Lmt::offer`] to fill an RTS, [`Lmt::choose`] and
+/// [`Lmt::start_recv`] when an RTS is matched, [`Lmt::start_send`] when a CTS comes, and
+/// [`Lmt::progress`] on each side until the transfer is complete, then [`Lmt::end`].
 pub trait Lmt {
-    /// Short name, as in `NEMESIS_LMT`.
-    fn name(&self) -> &'static str;
-    /// Who moves the bytes.
-    fn mode(&self) -> Mode;
-    /// The sender's cookie for the RTS, describing `buf`.
-    fn cookie(&mut self, peer: u32, buf: &[u8]) -> Result<Vec<u8>, LmtError>;
-    /// Advances a receive of the data described by `cookie` into `dst`.
-    fn recv(&mut self, peer: u32, cookie: &[u8], dst: &mut [u8]) -> Result<Progress, LmtError>;
-    /// Advances the sender's side of a transfer, for put and cooperative strategies.
-    fn send(&mut self, peer: u32, cookie: &[u8], src: &[u8]) -> Result<Progress, LmtError>;
-    /// Fails every transfer with `peer`, which has died.
+    /// The strategies the sender offers for `len` bytes in `src` to `peer`; appends the
+    /// cookie that the offered get strategies need to `cookie`.
+    fn offer(&mut self, peer: u32, src: &[Seg], len: usize, cookie: &mut Vec<u8>) -> Strategies;
+
+    /// The receiver's choice among `offered` for `len` bytes from `peer`. A strategy
+    /// whose intermediate buffer is in use by another transfer is not chosen.
+    fn choose(&mut self, peer: u32, len: usize, offered: Strategies) -> Strategy;
+
+    /// Starts the receiving side of a transfer of `total` bytes with `strategy`, of
+    /// which `cap` fit the buffer. `rts_cookie` is the sender's; what is appended to
+    /// `cts_cookie` goes back in the CTS (for put and cooperative strategies).
+    ///
+    /// # Errors
+    /// A malformed cookie, or a strategy that cannot run here.
+    #[allow(clippy::too_many_arguments)]
+    fn start_recv(
+        &mut self,
+        peer: u32,
+        strategy: Strategy,
+        rts_cookie: &[u8],
+        total: usize,
+        cap: usize,
+        dst: &[Seg],
+        cts_cookie: &mut Vec<u8>,
+    ) -> Result<Xfer, LmtError>;
+
+    /// Starts the sending side after a CTS naming `strategy` with `cts_cookie`.
+    ///
+    /// # Errors
+    /// A malformed cookie, or an intermediate buffer that cannot be opened.
+    fn start_send(
+        &mut self,
+        peer: u32,
+        strategy: Strategy,
+        cts_cookie: &[u8],
+        total: usize,
+    ) -> Result<Xfer, LmtError>;
+
+    /// Moves what can move now without waiting; `Ok(true)` once this side is complete.
+    ///
+    /// # Safety
+    /// `bufs` is the buffer the transfer was started with (the message for a sender,
+    /// the receive buffer for a receiver), valid for reading (sender) or writing
+    /// (receiver) for its whole length, and not otherwise in use. A receiver that was
+    /// let go passes an empty list: the data is drained.
+    ///
+    /// # Errors
+    /// A cookie naming memory the peer does not own, a dead peer, a refused system call.
+    unsafe fn progress(&mut self, x: &mut Xfer, bufs: &[Seg]) -> Result<bool, LmtError>;
+
+    /// Ends a transfer, complete or not, freeing what it held.
+    fn end(&mut self, x: &Xfer);
+
+    /// Forgets everything shared with `peer`, which has died.
     fn peer_terminated(&mut self, peer: u32);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strategy_codes_round_trip_and_sets_hold_them() {
+        for s in Strategy::ALL {
+            assert_eq!(Strategy::from_code(s as u8), Some(s));
+            let set = Strategies::CHUNKS.with(s);
+            assert!(set.has(s) && set.has(Strategy::Chunks));
+            assert!(!set.without(s).has(s));
+        }
+        assert_eq!(Strategy::from_code(5), None);
+        assert_eq!(Strategy::CmaPut.mode(), Mode::Put);
+    }
 }

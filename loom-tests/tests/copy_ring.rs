@@ -45,10 +45,18 @@ fn copy_ring_hand_off() {
 
 #[test]
 fn copy_ring_model_catches_a_relaxed_return() {
-    common::must_fail(3, &["Causality violation", "causality", "data race"], hand_off::<RelaxedRingReturn>);
+    common::must_fail(
+        3,
+        &["Causality violation", "causality", "data race"],
+        hand_off::<RelaxedRingReturn>,
+    );
 }
 
 #[test]
 fn copy_ring_model_catches_a_relaxed_publish() {
-    common::must_fail(2, &["Causality violation", "causality", "data race"], hand_off::<RelaxedRing>);
+    common::must_fail(
+        2,
+        &["Causality violation", "causality", "data race"],
+        hand_off::<RelaxedRing>,
+    );
 }

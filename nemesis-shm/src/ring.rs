@@ -8,7 +8,7 @@
 //! sides walk the slots in order and keep their place between transfers; a transfer is
 //! the next `total` bytes, and only one is in the ring at a time.
 
-use crate::sync::{AtomicU32, AtomicU64, CachePadded, Ordering, PAD, UnsafeCell};
+use crate::sync::{AtomicU32, CachePadded, Ordering, PAD, UnsafeCell};
 use crate::variant::{Sound, Variant};
 use std::marker::PhantomData;
 
@@ -54,7 +54,7 @@ pub struct SegCursor {
 impl SegCursor {
     /// Walks `n` bytes of `segs` from the cursor in contiguous runs, handing each to `f`
     /// with its address and length; stops early at the end of the list.
-    fn walk(&mut self, segs: &[Seg], mut n: usize, mut f: impl FnMut(*mut u8, usize)) {
+    pub fn walk(&mut self, segs: &[Seg], mut n: usize, mut f: impl FnMut(*mut u8, usize)) {
         while n > 0 && self.seg < segs.len() {
             let s = segs[self.seg];
             let take = (s.len - self.off).min(n);
@@ -276,6 +276,7 @@ mod file_ring {
     use super::*;
     use crate::error::ShmError;
     use crate::file::{self, CreateError, Mapping};
+    use crate::sync::AtomicU64;
     use std::path::{Path, PathBuf};
 
     const MAGIC: u64 = u64::from_le_bytes(*b"NEMRING\x01");

@@ -514,6 +514,17 @@ impl Segment {
         self.me.store(local, Ordering::Relaxed);
     }
 
+    /// Publishes our pid as local process `local` of a segment that was not joined
+    /// (an anonymous one, shared by threads or forked children), so that peers can
+    /// find it; unlike [`Segment::register`] it leaves the segment's own index alone.
+    pub fn publish_pid(&self, local: u32) {
+        if local < self.layout.nprocs {
+            let info = &self.slot(local).info;
+            info.pid.store(std::process::id(), Ordering::Relaxed);
+            info.state.store(ATTACHED, Ordering::Release);
+        }
+    }
+
     /// Waits until every process has arrived, failing if one died or time ran out.
     pub fn barrier(&self, deadline: Instant, timeout: Duration) -> Result<(), ShmError> {
         let n = self.layout.nprocs;

@@ -1,0 +1,557 @@
+//! The strategies between processes of one node, behind the [`Lmt`] trait.
+
+use crate::policy::{AUTO_CMA_MIN, AUTO_RING_MIN, CMA_STEP};
+use crate::stream::RingEnd;
+use crate::{Lmt, Role};
+use crate::{LmtError, Mode, Policy, Seg, Strategies, Strategy, Xfer, cma, pipe};
+use nemesis_shm::{PeerState, Segment};
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// A receiving end of an intermediate buffer, and whether a transfer holds it.
+#[derive(Debug)]
+struct Claimed<T> {
+    end: T,
+    busy: bool,
+}
+
+/// Large-message transfer between processes that share a node's segment.
+#[derive(Debug)]
+pub struct LocalLmt {
+    me: u32,
+    policy: Policy,
+    /// Why CMA cannot be used here, if it cannot.
+    cma_refused: Option<String>,
+    seg: Arc<Segment>,
+    /// The segment index of each rank, or `u32::MAX` for a rank elsewhere.
+    local_of: Vec<u32>,
+    pids: Vec<u32>,
+    dir: PathBuf,
+    /// Every file this makes starts with it (the job's prefix, so a launcher can
+    /// remove what a crash leaves).
+    prefix: String,
+    ring_in: HashMap<u32, Claimed<RingEnd>>,
+    ring_out: HashMap<u32, RingEnd>,
+    pipe_in: HashMap<u32, Claimed<pipe::PipeIn>>,
+    pipe_out: HashMap<u32, pipe::PipeOut>,
+    /// Intermediate buffers left in an unknown state by an abandoned transfer, or that
+    /// could not be made: not used again with that peer.
+    broken: HashSet<(u32, Strategy)>,
+}
+
+/// Refuses a policy that forces CMA where it is refused (`cma_refused` says why).
+fn check_forced(policy: Policy, cma_refused: Option<&str>) -> Result<(), LmtError> {
+    match (policy.force, cma_refused) {
+        (Some(s @ (Strategy::Cma | Strategy::CmaPut)), Some(why)) => Err(LmtError::Config {
+            var: "NEMESIS_LMT",
+            value: s.name().into(),
+            reason: format!("cross-memory attach is not permitted here ({why}); use auto or ring"),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Files this makes are named `<prefix>lmt-<kind>-<from>-<to>`.
+fn file_name(prefix: &str, kind: &str, from: u32, to: u32) -> String {
+    format!("{prefix}lmt-{kind}-{from}-{to}")
+}
+
+impl LocalLmt {
+    /// The strategies for rank `me`, whose segment is `seg` and whose ranks sit at the
+    /// segment indices `local_of` (`u32::MAX` for a rank on another node). Files go in
+    /// `dir`, named from `prefix`.
+    ///
+    /// # Errors
+    /// A forced strategy that this system does not permit.
+    pub fn new(
+        me: u32,
+        seg: Arc<Segment>,
+        local_of: Vec<u32>,
+        dir: PathBuf,
+        prefix: String,
+        policy: Policy,
+    ) -> Result<Self, LmtError> {
+        let cma_refused = cma::probe().err().map(|e| e.to_string());
+        check_forced(policy, cma_refused.as_deref())?;
+        let pids = vec![0; local_of.len()];
+        Ok(Self {
+            me,
+            policy,
+            cma_refused,
+            seg,
+            local_of,
+            pids,
+            dir,
+            prefix,
+            ring_in: HashMap::new(),
+            ring_out: HashMap::new(),
+            pipe_in: HashMap::new(),
+            pipe_out: HashMap::new(),
+            broken: HashSet::new(),
+        })
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// Switches policy, as a benchmark comparing strategies does between runs. Both
+    /// sides of a transfer must switch together, with no transfer in flight.
+    ///
+    /// # Errors
+    /// A forced strategy that this system does not permit.
+    pub fn set_policy(&mut self, policy: Policy) -> Result<(), LmtError> {
+        check_forced(policy, self.cma_refused.as_deref())?;
+        self.policy = policy;
+        Ok(())
+    }
+
+    /// The strategy a message of `len` bytes to a local peer gets when both sides share
+    /// this policy and nothing is busy.
+    pub fn would_choose(&self, len: usize) -> Strategy {
+        self.preferred(len)
+            .into_iter()
+            .find(|&s| {
+                s == Strategy::Chunks
+                    || self.cma_refused.is_none()
+                    || !matches!(s, Strategy::Cma | Strategy::CmaPut)
+            })
+            .unwrap_or(Strategy::Chunks)
+    }
+
+    /// Why CMA is not used here, or `None` if it is available.
+    pub fn cma_refused(&self) -> Option<&str> {
+        self.cma_refused.as_deref()
+    }
+
+    fn is_local(&self, peer: u32) -> bool {
+        peer != self.me && self.local_of.get(peer as usize).is_some_and(|&i| i != u32::MAX)
+    }
+
+    fn pid(&mut self, peer: u32) -> Result<i32, LmtError> {
+        let known = self.pids.get(peer as usize).copied().unwrap_or(0);
+        if known != 0 {
+            return Ok(known as i32);
+        }
+        let failed = |why: String| LmtError::PeerFailed { peer, why };
+        let idx = *self
+            .local_of
+            .get(peer as usize)
+            .filter(|&&i| i != u32::MAX)
+            .ok_or_else(|| failed("not on this node".into()))?;
+        match self.seg.peer_state(idx) {
+            PeerState::Alive { pid } => {
+                self.pids[peer as usize] = pid;
+                Ok(pid as i32)
+            }
+            other => Err(failed(format!("its process is {other:?}"))),
+        }
+    }
+
+    /// Whether `s` can carry a transfer with `peer` as far as this side knows.
+    fn possible(&self, peer: u32, s: Strategy) -> bool {
+        match s {
+            Strategy::Chunks => true,
+            Strategy::Cma | Strategy::CmaPut => self.cma_refused.is_none(),
+            Strategy::Ring | Strategy::Vmsplice => !self.broken.contains(&(peer, s)),
+        }
+    }
+
+    /// The strategies that this side's policy would use for `len` bytes, best first.
+    fn preferred(&self, len: usize) -> Vec<Strategy> {
+        match self.policy.force {
+            Some(s) => vec![s],
+            None if len >= AUTO_RING_MIN => vec![Strategy::Ring, Strategy::Cma],
+            None if len >= AUTO_CMA_MIN => vec![Strategy::Cma, Strategy::Ring],
+            None => vec![],
+        }
+    }
+
+    /// Claims the receiving end of `s` with `peer`, making it on first use.
+    fn claim(&mut self, peer: u32, s: Strategy) -> bool {
+        let result = match s {
+            Strategy::Ring => match self.ring_in.get_mut(&peer) {
+                Some(c) if c.busy => return false,
+                Some(c) => {
+                    c.busy = true;
+                    return true;
+                }
+                None => RingEnd::create(
+                    &self.dir,
+                    &file_name(&self.prefix, "ring", peer, self.me),
+                    self.policy.ring,
+                )
+                .map(|end| {
+                    self.ring_in.insert(peer, Claimed { end, busy: true });
+                }),
+            },
+            Strategy::Vmsplice => match self.pipe_in.get_mut(&peer) {
+                Some(c) if c.busy => return false,
+                Some(c) => {
+                    c.busy = true;
+                    return true;
+                }
+                None => {
+                    pipe::PipeIn::create(&self.dir, &file_name(&self.prefix, "pipe", peer, self.me), peer)
+                        .map(|end| {
+                            self.pipe_in.insert(peer, Claimed { end, busy: true });
+                        })
+                }
+            },
+            _ => return true,
+        };
+        if result.is_err() {
+            self.broken.insert((peer, s));
+        }
+        result.is_ok()
+    }
+
+    /// Checks a file name that came from the peer in a CTS.
+    fn peer_file(&self, peer: u32, cookie: &[u8], kind: &str) -> Result<String, LmtError> {
+        let want = file_name("", kind, self.me, peer);
+        match std::str::from_utf8(cookie) {
+            Ok(n) if n.starts_with("nemesis-") && n.ends_with(&want) && !n.contains('/') => Ok(n.to_string()),
+            _ => Err(LmtError::BadCookie {
+                peer,
+                why: format!(
+                    "{:?} does not name a {kind} of this pair",
+                    String::from_utf8_lossy(cookie)
+                ),
+            }),
+        }
+    }
+
+    fn forget(&mut self, peer: u32, s: Strategy) {
+        self.broken.insert((peer, s));
+        match s {
+            Strategy::Ring => {
+                if let Some(c) = self.ring_in.remove(&peer) {
+                    c.end.unlink();
+                }
+                self.ring_out.remove(&peer);
+            }
+            Strategy::Vmsplice => {
+                self.pipe_in.remove(&peer);
+                self.pipe_out.remove(&peer);
+            }
+            _ => {}
+        }
+    }
+}
+
+impl Lmt for LocalLmt {
+    fn offer(&mut self, peer: u32, src: &[Seg], len: usize, cookie: &mut Vec<u8>) -> Strategies {
+        let mut set = Strategies::CHUNKS;
+        if !self.is_local(peer) {
+            return set;
+        }
+        for s in self.preferred(len) {
+            if !self.possible(peer, s) {
+                continue;
+            }
+            if s == Strategy::Cma && !cma::encode(src, cookie) {
+                continue;
+            }
+            set = set.with(s);
+        }
+        set
+    }
+
+    fn choose(&mut self, peer: u32, len: usize, offered: Strategies) -> Strategy {
+        if !self.is_local(peer) {
+            return Strategy::Chunks;
+        }
+        for s in self.preferred(len) {
+            if offered.has(s) && self.possible(peer, s) && self.claim(peer, s) {
+                return s;
+            }
+        }
+        Strategy::Chunks
+    }
+
+    fn start_recv(
+        &mut self,
+        peer: u32,
+        strategy: Strategy,
+        rts_cookie: &[u8],
+        total: usize,
+        cap: usize,
+        dst: &[Seg],
+        cts_cookie: &mut Vec<u8>,
+    ) -> Result<Xfer, LmtError> {
+        let mut x = Xfer::new(peer, strategy, Role::Recv, total);
+        match strategy {
+            Strategy::Chunks => {}
+            Strategy::Cma => {
+                x.remote = cma::decode(peer, rts_cookie, total)?;
+                x.want = total.min(cap);
+            }
+            Strategy::CmaPut => {
+                let mut room = cap.min(total);
+                let segs: Vec<Seg> = dst
+                    .iter()
+                    .map(|s| {
+                        let len = s.len.min(room);
+                        room -= len;
+                        Seg { ptr: s.ptr, len }
+                    })
+                    .collect();
+                if !cma::encode(&segs, cts_cookie) {
+                    return Err(LmtError::Config {
+                        var: "NEMESIS_LMT",
+                        value: "cma-put".into(),
+                        reason: format!("a receive buffer in more than {} pieces", cma::MAX_COOKIE_PIECES),
+                    });
+                }
+                x.want = 0;
+            }
+            Strategy::Ring => {
+                cts_cookie.extend_from_slice(file_name(&self.prefix, "ring", peer, self.me).as_bytes());
+            }
+            Strategy::Vmsplice => {
+                let name = self.pipe_in.get(&peer).map(|c| c.end.name()).unwrap_or_default();
+                cts_cookie.extend_from_slice(name.as_bytes());
+            }
+        }
+        Ok(x)
+    }
+
+    fn start_send(
+        &mut self,
+        peer: u32,
+        strategy: Strategy,
+        cts_cookie: &[u8],
+        total: usize,
+    ) -> Result<Xfer, LmtError> {
+        let mut x = Xfer::new(peer, strategy, Role::Send, total);
+        match strategy {
+            Strategy::Chunks => {}
+            Strategy::Cma => x.want = 0,
+            Strategy::CmaPut => {
+                let sum = cts_cookie
+                    .get(4..)
+                    .map(|p| {
+                        p.chunks(16)
+                            .filter_map(|c| c.get(8..16))
+                            .map(|l| u64::from_le_bytes(l.try_into().expect("8 bytes")))
+                            .fold(0u64, u64::saturating_add)
+                    })
+                    .unwrap_or(0);
+                if sum > total as u64 {
+                    return Err(LmtError::BadCookie {
+                        peer,
+                        why: format!("a receive buffer of {sum} bytes for a message of {total}"),
+                    });
+                }
+                x.remote = cma::decode(peer, cts_cookie, sum as usize)?;
+                x.want = sum as usize;
+            }
+            Strategy::Ring => {
+                if !self.ring_out.contains_key(&peer) {
+                    let name = self.peer_file(peer, cts_cookie, "ring")?;
+                    let end = RingEnd::open(&self.dir, &name, peer)?;
+                    self.ring_out.insert(peer, end);
+                }
+            }
+            Strategy::Vmsplice => {
+                if !self.pipe_out.contains_key(&peer) {
+                    let name = self.peer_file(peer, cts_cookie, "pipe")?;
+                    let end = pipe::PipeOut::open(&self.dir, &name, peer)?;
+                    self.pipe_out.insert(peer, end);
+                }
+            }
+        }
+        Ok(x)
+    }
+
+    unsafe fn progress(&mut self, x: &mut Xfer, bufs: &[Seg]) -> Result<bool, LmtError> {
+        let missing = |what: &str| LmtError::PeerFailed {
+            peer: x.peer,
+            why: format!("its {what} was abandoned"),
+        };
+        match (x.strategy, x.role) {
+            (Strategy::Chunks, _) => {}
+            (Strategy::Cma | Strategy::CmaPut, _) => {
+                if !x.is_complete() {
+                    let pid = self.pid(x.peer)?;
+                    // SAFETY: `bufs` is the transfer's buffer (progress's contract).
+                    unsafe { cma::step(pid, x, bufs, CMA_STEP)? };
+                }
+            }
+            (Strategy::Ring, Role::Send) => {
+                let end = self.ring_out.get_mut(&x.peer).ok_or_else(|| missing("ring"))?;
+                // SAFETY: as above.
+                unsafe { end.push(x, bufs) };
+            }
+            (Strategy::Ring, Role::Recv) => {
+                let c = self.ring_in.get_mut(&x.peer).ok_or_else(|| missing("ring"))?;
+                // SAFETY: as above.
+                unsafe { c.end.pull(x, bufs) };
+            }
+            (Strategy::Vmsplice, Role::Send) => {
+                let end = self.pipe_out.get_mut(&x.peer).ok_or_else(|| missing("pipe"))?;
+                // SAFETY: as above; the sender keeps its buffer until DONE.
+                unsafe { end.step(x, bufs)? };
+            }
+            (Strategy::Vmsplice, Role::Recv) => {
+                let c = self.pipe_in.get_mut(&x.peer).ok_or_else(|| missing("pipe"))?;
+                // SAFETY: as above.
+                unsafe { c.end.step(x, bufs)? };
+            }
+        }
+        Ok(x.is_complete())
+    }
+
+    fn end(&mut self, x: &Xfer) {
+        if x.strategy.mode() != Mode::Cooperative || x.strategy == Strategy::Chunks {
+            return;
+        }
+        if !x.is_complete() {
+            self.forget(x.peer, x.strategy);
+            return;
+        }
+        if x.role == Role::Recv {
+            match x.strategy {
+                Strategy::Ring => {
+                    if let Some(c) = self.ring_in.get_mut(&x.peer) {
+                        c.busy = false;
+                    }
+                }
+                Strategy::Vmsplice => {
+                    if let Some(c) = self.pipe_in.get_mut(&x.peer) {
+                        c.busy = false;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn peer_terminated(&mut self, peer: u32) {
+        self.forget(peer, Strategy::Ring);
+        self.forget(peer, Strategy::Vmsplice);
+        if let Some(p) = self.pids.get_mut(peer as usize) {
+            *p = 0;
+        }
+    }
+}
+
+impl Drop for LocalLmt {
+    fn drop(&mut self) {
+        for c in self.ring_in.values() {
+            c.end.unlink();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nemesis_shm::Geometry;
+
+    fn pair(dir: &std::path::Path) -> (LocalLmt, LocalLmt) {
+        let seg = Arc::new(Segment::anonymous(2, Geometry::default()).unwrap());
+        seg.publish_pid(0);
+        seg.publish_pid(1);
+        let prefix = format!("nemesis-test{}-", std::process::id());
+        let make = |me| {
+            let p = Policy::default();
+            LocalLmt::new(me, seg.clone(), vec![0, 1], dir.to_path_buf(), prefix.clone(), p).unwrap()
+        };
+        (make(0), make(1))
+    }
+
+    fn tmpdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("nemesis-lmt-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// Runs one transfer of `msg` from `tx` (rank 0) to `rx` (rank 1) with `s`, both
+    /// sides driven in turn as two progress engines would; returns what arrived.
+    fn transfer(tx: &mut LocalLmt, rx: &mut LocalLmt, s: Strategy, msg: &[u8]) -> Vec<u8> {
+        let mut cookie = Vec::new();
+        let offered = tx.offer(1, &[Seg::of(msg)], msg.len(), &mut cookie);
+        assert!(offered.has(s), "{s} not offered");
+        let mut dst = vec![0u8; msg.len()];
+        let dsegs = [Seg::of_mut(&mut dst)];
+        let mut cts = Vec::new();
+        let mut rxx = rx
+            .start_recv(0, s, &cookie, msg.len(), msg.len(), &dsegs, &mut cts)
+            .unwrap();
+        let mut txx = tx.start_send(1, s, &cts, msg.len()).unwrap();
+        let ssegs = [Seg::of(msg)];
+        let (mut sent, mut got) = (false, false);
+        while !(sent && got) {
+            // SAFETY: both buffers are live for the whole transfer and used by nothing else.
+            unsafe {
+                sent = sent || tx.progress(&mut txx, &ssegs).unwrap();
+                got = got || rx.progress(&mut rxx, &dsegs).unwrap();
+            }
+        }
+        tx.end(&txx);
+        rx.end(&rxx);
+        dst
+    }
+
+    #[test]
+    fn the_ring_carries_one_message_after_another_and_leaves_no_file() {
+        let dir = tmpdir("ring");
+        let (mut tx, mut rx) = pair(&dir);
+        for (i, len) in [3 << 20, 100_000, (1 << 20) + 1].into_iter().enumerate() {
+            let msg: Vec<u8> = (0..len).map(|j| (j * 7 + i) as u8).collect();
+            assert_eq!(
+                rx.choose(0, len, Strategies::CHUNKS.with(Strategy::Ring)),
+                Strategy::Ring
+            );
+            // Claimed until the transfer ends: a second message cannot have it.
+            assert_eq!(
+                rx.choose(0, len, Strategies::CHUNKS.with(Strategy::Ring)),
+                Strategy::Chunks
+            );
+            assert!(transfer(&mut tx, &mut rx, Strategy::Ring, &msg) == msg);
+        }
+        // The sender removed the ring's name once it had mapped it.
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn vmsplice_and_cma_carry_a_message() {
+        let dir = tmpdir("pipe");
+        let (mut tx, mut rx) = pair(&dir);
+        let msg: Vec<u8> = (0..(2 << 20) + 5).map(|j| (j % 253) as u8).collect();
+        for s in [Strategy::Vmsplice, Strategy::Cma, Strategy::CmaPut] {
+            if s != Strategy::Vmsplice && tx.cma_refused().is_some() {
+                continue;
+            }
+            let p = Policy {
+                force: Some(s),
+                ..Policy::default()
+            };
+            tx.set_policy(p).unwrap();
+            rx.set_policy(p).unwrap();
+            assert_eq!(rx.choose(0, msg.len(), Strategies::CHUNKS.with(s)), s);
+            assert!(transfer(&mut tx, &mut rx, s, &msg) == msg, "{s}");
+        }
+        drop((tx, rx));
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_cts_naming_a_file_outside_the_pair_is_refused() {
+        let dir = tmpdir("name");
+        let (mut tx, _rx) = pair(&dir);
+        for bad in [&b"../../etc/passwd"[..], b"nemesis-x-lmt-ring-0-2", b"\xff", b""] {
+            let e = tx.start_send(1, Strategy::Ring, bad, 100).unwrap_err();
+            assert!(matches!(e, LmtError::BadCookie { peer: 1, .. }), "{e}");
+        }
+        // A name of the right shape that does not exist is refused too, not created.
+        let e = tx
+            .start_send(1, Strategy::Ring, b"nemesis-none-lmt-ring-0-1", 100)
+            .unwrap_err();
+        assert!(matches!(e, LmtError::BadCookie { .. }), "{e}");
+    }
+}

@@ -1,0 +1,197 @@
+//! Single-copy transfer through a pipe: the sender splices its own pages into the pipe
+//! with `vmsplice` (the kernel keeps references, it copies nothing), and the receiver
+//! `read`s them into its buffer. The pipe is a FIFO per ordered pair, made by the
+//! receiver in the shared-memory directory and unlinked by the sender once open.
+//!
+//! Until the receiver has read them, the pipe refers to the sender's pages, so the
+//! sender must keep its buffer unchanged until DONE.
+
+use crate::iov;
+use crate::{LmtError, Seg, Strategy, Xfer};
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+/// Pipe capacity asked for; the kernel caps it at `fs.pipe-max-size`.
+const PIPE_BYTES: i32 = 1 << 20;
+
+fn io_err(peer: u32, e: io::Error) -> LmtError {
+    LmtError::Io {
+        peer,
+        strategy: Strategy::Vmsplice,
+        source: e,
+    }
+}
+
+fn cpath(p: &Path) -> io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::other("a NUL byte in the path"))
+}
+
+/// The receiving end.
+#[derive(Debug)]
+pub struct PipeIn {
+    fd: OwnedFd,
+    path: PathBuf,
+    scratch: Vec<u8>,
+}
+
+impl PipeIn {
+    /// Makes the FIFO `dir/name` and opens it for reading. It is opened read-write, so
+    /// a read before the sender opens it finds it empty rather than at its end.
+    pub fn create(dir: &Path, name: &str, peer: u32) -> Result<Self, LmtError> {
+        let path = dir.join(name);
+        let c = cpath(&path).map_err(|e| io_err(peer, e))?;
+        // SAFETY: `c` is a NUL-terminated path.
+        if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
+            return Err(io_err(peer, io::Error::last_os_error()));
+        }
+        // SAFETY: as above; the flags are plain open flags.
+        let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC) };
+        if fd < 0 {
+            let e = io::Error::last_os_error();
+            let _ = std::fs::remove_file(&path);
+            return Err(io_err(peer, e));
+        }
+        // SAFETY: `fd` was just opened and is owned by nothing else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // A larger pipe means fewer turns; a smaller one still works.
+        // SAFETY: fcntl on an open descriptor with an integer argument.
+        unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_BYTES) };
+        Ok(Self {
+            fd,
+            path,
+            scratch: Vec::new(),
+        })
+    }
+
+    /// The FIFO's file name.
+    pub fn name(&self) -> String {
+        self.path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+
+    /// Reads what the pipe holds of `x`, into `dst` while it lasts, then into scratch.
+    ///
+    /// # Safety
+    /// `dst` must be valid for writing for its whole length and not otherwise in use.
+    pub(crate) unsafe fn step(&mut self, x: &mut Xfer, dst: &[Seg]) -> Result<(), LmtError> {
+        while x.done < x.total {
+            let left = x.total - x.done;
+            let (v, n) = iov::local(dst, x.at, left);
+            let got = if n > 0 {
+                // SAFETY: the pieces are inside `dst` (the caller's contract).
+                unsafe { libc::readv(self.fd.as_raw_fd(), v.as_ptr(), v.len() as _) }
+            } else {
+                // The buffer is full (a truncated or dropped receive): drain.
+                self.scratch.resize(left.min(1 << 16), 0);
+                // SAFETY: the scratch vector is ours and this long.
+                unsafe {
+                    libc::read(
+                        self.fd.as_raw_fd(),
+                        self.scratch.as_mut_ptr().cast(),
+                        self.scratch.len(),
+                    )
+                }
+            };
+            if got < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::WouldBlock {
+                    return Ok(());
+                }
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(io_err(x.peer, e));
+            }
+            let got = got as usize;
+            if got == 0 {
+                return Ok(());
+            }
+            if n > 0 {
+                iov::advance(dst, &mut x.at, got);
+            }
+            x.done += got;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for PipeIn {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// The sending end.
+#[derive(Debug)]
+pub struct PipeOut {
+    fd: OwnedFd,
+}
+
+impl PipeOut {
+    /// Opens the receiver's FIFO `dir/name` for writing and removes its name.
+    pub fn open(dir: &Path, name: &str, peer: u32) -> Result<Self, LmtError> {
+        let path = dir.join(name);
+        let c = cpath(&path).map_err(|e| io_err(peer, e))?;
+        // SAFETY: a NUL-terminated path and plain flags. O_NONBLOCK fails with ENXIO,
+        // rather than waiting, if the reader is gone.
+        let fd = unsafe { libc::open(c.as_ptr(), libc::O_WRONLY | libc::O_NONBLOCK | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return Err(io_err(peer, io::Error::last_os_error()));
+        }
+        // SAFETY: just opened, owned by nothing else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+        // SAFETY: fstat fills the buffer on success.
+        let ok = unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) } == 0;
+        // SAFETY: initialised by the successful fstat.
+        if !ok || unsafe { st.assume_init() }.st_mode & libc::S_IFMT != libc::S_IFIFO {
+            return Err(LmtError::BadCookie {
+                peer,
+                why: format!("{} is not a pipe", path.display()),
+            });
+        }
+        let _ = std::fs::remove_file(&path);
+        Ok(Self { fd })
+    }
+
+    /// Splices as much of `x` as the pipe takes now.
+    ///
+    /// # Safety
+    /// `src` must be valid for reading for its whole length, and stay unchanged until
+    /// the receiver has read it.
+    pub(crate) unsafe fn step(&mut self, x: &mut Xfer, src: &[Seg]) -> Result<(), LmtError> {
+        while x.done < x.total {
+            let (v, n) = iov::local(src, x.at, x.total - x.done);
+            if n == 0 {
+                return Err(LmtError::BadCookie {
+                    peer: x.peer,
+                    why: format!("the send buffer ends at byte {} of {}", x.done, x.total),
+                });
+            }
+            // SAFETY: the pieces are inside `src` (the caller's contract); the kernel
+            // only takes references to the pages.
+            let put =
+                unsafe { libc::vmsplice(self.fd.as_raw_fd(), v.as_ptr(), v.len(), libc::SPLICE_F_NONBLOCK) };
+            if put < 0 {
+                let e = io::Error::last_os_error();
+                return match e.raw_os_error() {
+                    Some(libc::EAGAIN) => Ok(()),
+                    Some(libc::EINTR) => continue,
+                    Some(libc::EPIPE) => Err(LmtError::PeerFailed {
+                        peer: x.peer,
+                        why: "the pipe has no reader".into(),
+                    }),
+                    _ => Err(io_err(x.peer, e)),
+                };
+            }
+            iov::advance(src, &mut x.at, put as usize);
+            x.done += put as usize;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,149 @@
+//! Which strategy a transfer uses: automatic by availability and size, or forced with
+//! `NEMESIS_LMT` for benchmarking.
+
+use crate::{LmtError, Strategy};
+use nemesis_shm::ring::RingGeometry;
+
+/// Default ring: slots × bytes per slot.
+pub const DEFAULT_RING: RingGeometry = RingGeometry {
+    slots: 8,
+    slot_size: 128 << 10,
+};
+
+/// Below this many bytes, automatic selection moves data in chunks through the queue
+/// cells even when a single-copy strategy is possible: the system call and the page
+/// walks of CMA cost more than the second copy of a small message.
+pub const AUTO_CMA_MIN: usize = 16 << 10;
+
+/// From this many bytes, automatic selection prefers the copy ring to CMA: both
+/// processes copy at once, a slot apart, and the ring stays in cache, where CMA's
+/// kernel copy runs at about 8 GB/s on the machines measured (README, "Large messages").
+pub const AUTO_RING_MIN: usize = 1 << 20;
+
+/// Bytes one CMA system call moves at most, so a huge transfer leaves room for other
+/// traffic between calls.
+pub const CMA_STEP: usize = 4 << 20;
+
+/// How transfers are chosen, read from the environment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// The strategy `NEMESIS_LMT` forces, or `None` for automatic selection.
+    pub force: Option<Strategy>,
+    /// Shape of each copy ring (`NEMESIS_LMT_RING_SLOTS`, `NEMESIS_LMT_RING_SLOT_SIZE`).
+    pub ring: RingGeometry,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            force: None,
+            ring: DEFAULT_RING,
+        }
+    }
+}
+
+impl Policy {
+    /// Reads `NEMESIS_LMT`, `NEMESIS_LMT_RING_SLOTS` and `NEMESIS_LMT_RING_SLOT_SIZE`.
+    pub fn from_env() -> Result<Self, LmtError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// As [`Policy::from_env`], reading variables through `get`.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, LmtError> {
+        let mut p = Policy::default();
+        if let Some(v) = get("NEMESIS_LMT").filter(|v| !v.trim().is_empty()) {
+            let v = v.trim().to_ascii_lowercase();
+            p.force = match v.as_str() {
+                "auto" => None,
+                name => Some(
+                    Strategy::ALL
+                        .into_iter()
+                        .find(|s| s.name() == name)
+                        .ok_or_else(|| LmtError::Config {
+                            var: "NEMESIS_LMT",
+                            value: v.clone(),
+                            reason: "expected auto, chunks, cma, cma-put, ring or vmsplice".into(),
+                        })?,
+                ),
+            };
+        }
+        let size = |var: &'static str, default: u32, what: &str| -> Result<u32, LmtError> {
+            match get(var).filter(|v| !v.trim().is_empty()) {
+                None => Ok(default),
+                Some(v) => nemesis_shm::config::parse_size(&v)
+                    .and_then(|n| u32::try_from(n).ok())
+                    .filter(|&n| n > 0)
+                    .ok_or_else(|| LmtError::Config {
+                        var,
+                        value: v,
+                        reason: format!("expected {what}"),
+                    }),
+            }
+        };
+        p.ring.slots = size(
+            "NEMESIS_LMT_RING_SLOTS",
+            DEFAULT_RING.slots,
+            "a slot count from 1 to 1024",
+        )?;
+        if p.ring.slots > 1024 {
+            return Err(LmtError::Config {
+                var: "NEMESIS_LMT_RING_SLOTS",
+                value: p.ring.slots.to_string(),
+                reason: "at most 1024 slots".into(),
+            });
+        }
+        let slot = size(
+            "NEMESIS_LMT_RING_SLOT_SIZE",
+            DEFAULT_RING.slot_size,
+            "a size such as 128K, a multiple of 4K up to 64M",
+        )?;
+        if slot % 4096 != 0 || slot > 64 << 20 {
+            return Err(LmtError::Config {
+                var: "NEMESIS_LMT_RING_SLOT_SIZE",
+                value: slot.to_string(),
+                reason: "a multiple of 4096 bytes, at most 64M".into(),
+            });
+        }
+        p.ring.slot_size = slot;
+        Ok(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(vars: &[(&str, &str)]) -> Result<Policy, LmtError> {
+        let vars: Vec<(String, String)> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Policy::from_lookup(|k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
+    }
+
+    #[test]
+    fn defaults_forcing_and_ring_shape() {
+        assert_eq!(parse(&[]).unwrap(), Policy::default());
+        assert_eq!(parse(&[("NEMESIS_LMT", "auto")]).unwrap().force, None);
+        for s in Strategy::ALL {
+            assert_eq!(parse(&[("NEMESIS_LMT", s.name())]).unwrap().force, Some(s));
+        }
+        let p = parse(&[
+            ("NEMESIS_LMT_RING_SLOTS", "4"),
+            ("NEMESIS_LMT_RING_SLOT_SIZE", "1M"),
+        ])
+        .unwrap();
+        assert_eq!((p.ring.slots, p.ring.slot_size), (4, 1 << 20));
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        for (k, v) in [
+            ("NEMESIS_LMT", "rdma"),
+            ("NEMESIS_LMT_RING_SLOTS", "0"),
+            ("NEMESIS_LMT_RING_SLOTS", "5000"),
+            ("NEMESIS_LMT_RING_SLOT_SIZE", "1000"),
+            ("NEMESIS_LMT_RING_SLOT_SIZE", "lots"),
+        ] {
+            let e = parse(&[(k, v)]).unwrap_err();
+            assert!(e.to_string().contains(k), "{e}");
+        }
+    }
+}
