@@ -150,6 +150,9 @@ pub enum ChannelError {
     /// The shared segment holds something no correct peer writes.
     #[error(transparent)]
     Corrupt(#[from] nemesis_shm::port::Corrupt),
+    /// The large-message strategies could not be set up.
+    #[error(transparent)]
+    Lmt(#[from] nemesis_lmt::LmtError),
 }
 
 /// A transport between the ranks of a job.
@@ -201,6 +204,12 @@ pub trait Channel {
     /// The node's shared segment, if every rank that [`Channel::is_local`] reports maps
     /// it: collectives among local ranks meet in its blocks instead of sending messages.
     fn node_segment(&self) -> Option<Arc<Segment>> {
+        None
+    }
+
+    /// The large-message strategies towards the peers this channel reaches, if it has
+    /// any beyond chunks through packets.
+    fn lmt(&mut self) -> Option<&mut dyn nemesis_lmt::Lmt> {
         None
     }
 
@@ -300,6 +309,9 @@ impl<C: Channel + ?Sized> Channel for &mut C {
     }
     fn node_segment(&self) -> Option<Arc<Segment>> {
         (**self).node_segment()
+    }
+    fn lmt(&mut self) -> Option<&mut dyn nemesis_lmt::Lmt> {
+        (**self).lmt()
     }
 }
 

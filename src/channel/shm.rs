@@ -3,6 +3,7 @@
 use super::wait::{WaitPolicy, usable_cpus};
 use super::{Channel, ChannelError, Header, Packet, Rank, SendStatus, SendTicket};
 use crate::bootstrap::Boot;
+use nemesis_lmt::{LocalLmt, Policy};
 use nemesis_shm::config::shm_dir;
 use nemesis_shm::{Envelope, Geometry, JoinSpec, PeerState, Port, Segment};
 use std::collections::VecDeque;
@@ -47,6 +48,7 @@ pub struct ShmChannel {
     max_payload: usize,
     /// The line to the process manager, kept for lazy lookups and finalized on drop.
     boot: Option<Boot>,
+    lmt: LocalLmt,
 }
 
 impl ShmChannel {
@@ -59,6 +61,7 @@ impl ShmChannel {
     /// the others attach, and it is unlinked once all have. Keeps `boot`.
     pub fn from_boot(boot: Boot) -> Result<Self, ChannelError> {
         let info = &boot.info;
+        let job_id = info.job_id;
         let geometry = Geometry::from_env()?;
         let nlocal = info.local_ranks.len() as u32;
         let seg = if nlocal == 1 {
@@ -76,13 +79,14 @@ impl ShmChannel {
             Segment::join(&spec, info.local_index)?
         };
         let policy = WaitPolicy::from_env(nlocal, usable_cpus())?;
-        let mut ch = Self::from_segment(
+        let mut ch = Self::from_segment_of_job(
             Arc::new(seg),
             info.rank,
             info.size,
             &info.local_ranks,
             info.local_index,
             policy,
+            job_id,
         )?;
         ch.boot = Some(boot);
         Ok(ch)
@@ -102,6 +106,21 @@ impl ShmChannel {
         local_ranks: &[Rank],
         local_index: u32,
         policy: WaitPolicy,
+    ) -> Result<Self, ChannelError> {
+        let job_id = crate::bootstrap::random_job_id();
+        Self::from_segment_of_job(seg, rank, size, local_ranks, local_index, policy, job_id)
+    }
+
+    /// As [`ShmChannel::from_segment`], in job `job_id`, whose prefix names the files
+    /// that large transfers make.
+    fn from_segment_of_job(
+        seg: Arc<Segment>,
+        rank: Rank,
+        size: u32,
+        local_ranks: &[Rank],
+        local_index: u32,
+        policy: WaitPolicy,
+        job_id: u64,
     ) -> Result<Self, ChannelError> {
         use nemesis_shm::Region;
         let bad = |reason: String| ChannelError::Config {
@@ -126,6 +145,20 @@ impl ShmChannel {
         let n = local_ranks.len();
         let port = Port::new(seg, local_index);
         let max_payload = port.max_payload();
+        if port.region().peer_state(local_index) == PeerState::Absent {
+            port.region().publish_pid(local_index);
+        }
+        let lmt = LocalLmt::new(
+            rank,
+            port.region().clone(),
+            local_of
+                .iter()
+                .map(|&l| if l == NOT_LOCAL { u32::MAX } else { l })
+                .collect(),
+            shm_dir(),
+            nemesis_shm::config::job_prefix(job_id),
+            Policy::from_env()?,
+        )?;
         Ok(Self {
             port,
             rank,
@@ -141,7 +174,13 @@ impl ShmChannel {
             policy,
             max_payload,
             boot: None,
+            lmt,
         })
+    }
+
+    /// The large-message strategies towards local peers.
+    pub fn local_lmt(&mut self) -> &mut LocalLmt {
+        &mut self.lmt
     }
 
     /// The segment, for diagnostics and the placement probe.
@@ -385,6 +424,10 @@ impl Channel for ShmChannel {
         }
         self.port.sleep(Some(slice));
         Ok(())
+    }
+
+    fn lmt(&mut self) -> Option<&mut dyn nemesis_lmt::Lmt> {
+        Some(&mut self.lmt)
     }
 
     fn node_segment(&self) -> Option<Arc<Segment>> {
