@@ -3,8 +3,10 @@
 
 use super::comm::{Comm, CommInner};
 use super::node::NodeColl;
+use super::rndv::{Rts, Stage};
 use super::{Config, Locality, P2pError, Status};
-use crate::channel::{Channel, Header, Packet, SendStatus, ShmChannel, WaitPolicy};
+use crate::channel::{Channel, Header, Packet, ShmChannel, WaitPolicy};
+use nemesis_lmt::{Seg, Strategies, Strategy, Xfer};
 use nemesis_shm::Segment;
 use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
@@ -18,76 +20,130 @@ pub(crate) const RTS: u16 = 0x102;
 pub(crate) const CTS: u16 = 0x103;
 pub(crate) const DATA: u16 = 0x104;
 pub(crate) const DONE: u16 = 0x105;
-
-/// How a large message moves, named in its RTS.
-const STRATEGY_CHUNKS: u8 = 0;
+pub(crate) const FIN: u16 = 0x106;
+pub(crate) const REVOKE: u16 = 0x107;
+pub(crate) const REVOKED: u16 = 0x108;
 
 /// Polls a blocked operation makes back to back before it waits the channel's way
 /// (spinning on readiness, yielding, sleeping): a reply that comes within a few
 /// microseconds is picked up without a clock read or a readiness check on the way.
 const TIGHT_POLLS: u32 = 256;
 
-/// A buffer address a request lent to the engine.
+/// A buffer a request lent to the engine: one piece, or a list of them (an iovec).
 ///
 /// The engine dereferences it only while the buffer is lent: during a blocking call that
-/// borrows it, or within the scope of the request that borrows it, which clears the
-/// address (cancelling or copying) before the borrow can end. See `scope.rs`.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Ptr(pub *mut u8);
-// SAFETY: the engine lives inside a World, which a scope borrows mutably for as long as
-// any lent address exists, so the World cannot move to another thread while one does.
-unsafe impl Send for Ptr {}
-
+/// borrows it, or within the scope of the request that borrows it, which clears it
+/// (cancelling, copying, or waiting for the peer) before the borrow can end. See
+/// `scope.rs`. The engine lives inside a World, which a scope borrows mutably for as
+/// long as any lent buffer exists, so the World cannot move to another thread meanwhile.
 #[derive(Debug)]
-struct Posted {
-    id: u32,
-    ctx: u32,
-    src: Option<u32>,
-    tag: Option<i32>,
+pub(crate) enum Bufs {
+    One(Seg),
+    Many(Box<[Seg]>),
+}
+
+impl Bufs {
+    /// No buffer: what a released request keeps.
+    pub(crate) const NONE: Bufs = Bufs::One(Seg {
+        ptr: std::ptr::null_mut(),
+        len: 0,
+    });
+
+    pub(crate) fn segs(&self) -> &[Seg] {
+        match self {
+            Bufs::One(s) if s.ptr.is_null() => &[],
+            Bufs::One(s) => std::slice::from_ref(s),
+            Bufs::Many(v) => v,
+        }
+    }
+
+    /// Writes `data` at byte `off`, dropping what falls past the end.
+    ///
+    /// # Safety
+    /// The buffer must be lent (see the type) and not otherwise in use.
+    pub(crate) unsafe fn write_at(&self, off: usize, data: &[u8]) {
+        if let Bufs::One(s) = self {
+            if off < s.len && !s.ptr.is_null() {
+                let n = data.len().min(s.len - off);
+                // SAFETY: `off + n <= len`, inside the lent piece.
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), s.ptr.add(off), n) };
+            }
+            return;
+        }
+        let mut at = nemesis_shm::ring::SegCursor::default();
+        at.walk(self.segs(), off, |_, _| {});
+        let mut put = 0;
+        at.walk(self.segs(), data.len(), |p, len| {
+            // SAFETY: `p` is inside a lent piece for `len` bytes, and `put + len` is
+            // within `data`.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(put), p, len) };
+            put += len;
+        });
+    }
+
+    /// The pieces of bytes `off..off + n`.
+    pub(crate) fn slices(&self, off: usize, n: usize) -> Vec<&[u8]> {
+        let mut at = nemesis_shm::ring::SegCursor::default();
+        at.walk(self.segs(), off, |_, _| {});
+        let mut out = Vec::new();
+        at.walk(self.segs(), n, |p, len| {
+            // SAFETY: `p` is inside a lent piece, readable for `len` bytes while the
+            // buffer is lent, which outlasts the returned borrow of `self`.
+            out.push(unsafe { std::slice::from_raw_parts(p.cast_const(), len) });
+        });
+        out
+    }
 }
 
 #[derive(Debug)]
-enum Body {
+pub(super) struct Posted {
+    pub(super) id: u32,
+    pub(super) ctx: u32,
+    pub(super) src: Option<u32>,
+    pub(super) tag: Option<i32>,
+}
+
+#[derive(Debug)]
+pub(super) enum Body {
     Eager(Vec<u8>),
-    Rts { send_id: u32, total: usize },
+    Rts(Rts),
 }
 
 #[derive(Debug)]
-struct Unexpected {
-    src: u32,
-    ctx: u32,
-    tag: i32,
-    body: Body,
+pub(super) struct Unexpected {
+    pub(super) src: u32,
+    pub(super) ctx: u32,
+    pub(super) tag: i32,
+    pub(super) body: Body,
 }
 
 impl Unexpected {
     fn len(&self) -> usize {
         match &self.body {
             Body::Eager(d) => d.len(),
-            Body::Rts { total, .. } => *total,
+            Body::Rts(r) => r.total,
         }
     }
 }
 
 /// A control packet produced while handling another, sent once the poll returns.
-#[derive(Debug, Clone, Copy)]
-struct Ctrl {
+#[derive(Debug)]
+pub(super) struct Ctrl {
     dest: u32,
     header: Header,
-    payload: [u8; 8],
-    len: u8,
+    payload: Vec<u8>,
 }
 
 #[derive(Debug)]
 pub(crate) enum RState {
     /// In the posted queue.
     Posted,
-    /// Matched to a large message whose chunks are arriving.
+    /// Matched to a large message that is on its way.
     Rndv {
         peer: u32,
         send_id: u32,
         total: usize,
-        got: usize,
+        stage: Stage,
     },
     /// Complete; the result is in `result`.
     Done,
@@ -95,10 +151,18 @@ pub(crate) enum RState {
 
 #[derive(Debug)]
 pub(crate) enum SState {
-    /// RTS sent; waiting for the receiver to match it.
+    /// RTS sent; waiting for the receiver to match it (and, for a get, for DONE).
     WaitCts,
+    /// The CTS named a strategy of the LMT, to start at the next chores.
+    Cts {
+        recv_id: u32,
+        strategy: Strategy,
+        cookie: Vec<u8>,
+    },
     /// Pushing chunks from `off`.
     Push { recv_id: u32, off: usize },
+    /// Moving the data with a strategy of the LMT.
+    Lmt { recv_id: u32, x: Xfer },
     /// Everything sent; waiting for DONE.
     WaitDone,
     /// Complete.
@@ -107,7 +171,7 @@ pub(crate) enum SState {
 
 #[derive(Debug)]
 pub(crate) struct RecvReq {
-    pub buf: Ptr,
+    pub bufs: Bufs,
     pub cap: usize,
     pub comm: Arc<CommInner>,
     pub src: Option<u32>,
@@ -119,11 +183,15 @@ pub(crate) struct RecvReq {
 
 #[derive(Debug)]
 pub(crate) struct SendReq {
-    pub buf: Ptr,
+    pub bufs: Bufs,
     pub len: usize,
     pub dest: u32,
     pub comm: Arc<CommInner>,
     pub state: SState,
+    /// What the RTS offered; a revoked offer loses the strategies that read in place.
+    pub offered: Strategies,
+    /// The strategy the CTS chose, once it came.
+    pub used: Option<Strategy>,
     /// The remaining data, copied when the request was let go.
     pub owned: Option<Vec<u8>>,
     pub result: Option<Result<Status, P2pError>>,
@@ -146,17 +214,12 @@ impl Req {
 }
 
 /// What a [`Fresh`] receive found: the sender's world rank, the tag and the length.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 enum Found {
     /// An eager message, copied into the buffer.
     Eager { src: u32, tag: i32, len: usize },
-    /// An RTS: `send_id` names the sender's request.
-    Rts {
-        src: u32,
-        tag: i32,
-        len: usize,
-        send_id: u32,
-    },
+    /// An RTS (boxed, so the eager case stays small).
+    Rts { src: u32, tag: i32, rts: Box<Rts> },
 }
 
 /// Matches any source in a [`Fresh`] receive; world ranks are below it.
@@ -192,12 +255,11 @@ impl Fresh<'_> {
                     tag: h.tag,
                     len: p.payload.len(),
                 });
-            } else if let Some(len) = eng.parse_rts(p.src, p.payload) {
+            } else if let Some(rts) = eng.parse_rts(p.src, h.aux, p.payload) {
                 self.found = Some(Found::Rts {
                     src: p.src,
                     tag: h.tag,
-                    len,
-                    send_id: h.aux,
+                    rts: Box::new(rts),
                 });
             }
             return;
@@ -225,19 +287,21 @@ impl Idle {
 /// The engine's state apart from the channel, so both can be borrowed at once.
 #[derive(Debug)]
 pub(crate) struct Engine {
-    posted: VecDeque<Posted>,
-    unexpected: VecDeque<Unexpected>,
+    pub(super) posted: VecDeque<Posted>,
+    pub(super) unexpected: VecDeque<Unexpected>,
     pub(crate) reqs: HashMap<u32, Req>,
     next_id: u32,
     outbox: Vec<Ctrl>,
     /// Sends that may push chunks.
-    pushing: Vec<u32>,
-    /// Detached requests, forgotten once complete.
-    detached: Vec<u32>,
+    pub(super) pushing: Vec<u32>,
+    /// Requests with LMT work to do at the next chores (choose, start, move data).
+    pub(super) lmt_active: Vec<u32>,
+    /// Transfers that ended while handling a packet, to hand back to the LMT.
+    pub(super) retired: Vec<Xfer>,
     fault: Option<P2pError>,
-    /// Whether the outbox, the pushing list or the fault may hold something: one test
-    /// after each poll instead of three.
-    chores: bool,
+    /// Whether the outbox, the work lists or the fault may hold something: one test
+    /// after each poll instead of several.
+    pub(super) chores: bool,
 }
 
 #[inline(always)]
@@ -254,13 +318,14 @@ impl Engine {
             next_id: 1,
             outbox: Vec::new(),
             pushing: Vec::new(),
-            detached: Vec::new(),
+            lmt_active: Vec::new(),
+            retired: Vec::new(),
             fault: None,
             chores: false,
         }
     }
 
-    fn new_id(&mut self) -> u32 {
+    pub(super) fn new_id(&mut self) -> u32 {
         loop {
             let id = self.next_id;
             self.next_id = self.next_id.wrapping_add(1).max(1);
@@ -270,7 +335,7 @@ impl Engine {
         }
     }
 
-    fn fault(&mut self, rank: u32, what: impl Into<String>) {
+    pub(super) fn fault(&mut self, rank: u32, what: impl Into<String>) {
         if self.fault.is_none() {
             self.fault = Some(P2pError::Protocol {
                 rank,
@@ -280,15 +345,7 @@ impl Engine {
         }
     }
 
-    fn ctrl(&mut self, dest: u32, kind: u16, aux: u32, word: Option<u32>) {
-        let mut payload = [0u8; 8];
-        let len = match word {
-            Some(w) => {
-                payload[..4].copy_from_slice(&w.to_le_bytes());
-                4
-            }
-            None => 0,
-        };
+    pub(super) fn ctrl(&mut self, dest: u32, kind: u16, aux: u32, payload: &[u8]) {
         self.outbox.push(Ctrl {
             dest,
             header: Header {
@@ -296,55 +353,24 @@ impl Engine {
                 aux,
                 ..Header::default()
             },
-            payload,
-            len,
+            payload: payload.to_vec(),
         });
         self.chores = true;
     }
 
-    /// Registers a receive of a large message that has been matched, and accepts it.
-    fn accept_rts(&mut self, rr: RecvReq, peer: u32, send_id: u32, total: usize, tag: i32) -> u32 {
-        let id = self.new_id();
-        self.start_rndv(id, rr, peer, send_id, total, tag);
-        id
-    }
-
-    fn start_rndv(&mut self, id: u32, mut rr: RecvReq, peer: u32, send_id: u32, total: usize, tag: i32) {
-        let source = rr.comm.rank_of(peer).unwrap_or(peer);
-        rr.state = RState::Rndv {
-            peer,
-            send_id,
-            total,
-            got: 0,
-        };
-        rr.result = Some(if total > rr.cap {
-            Err(P2pError::Truncated {
-                message_len: total,
-                buffer_len: rr.cap,
-            })
-        } else {
-            Ok(Status {
-                source,
-                tag,
-                len: total,
-            })
-        });
-        if total == 0 {
-            rr.state = RState::Done;
-            self.ctrl(peer, DONE, send_id, None);
-        } else {
-            self.ctrl(peer, CTS, send_id, Some(id));
-        }
-        self.reqs.insert(id, Req::Recv(rr));
-    }
-
     /// Copies an eager payload into a receive buffer and completes the receive.
-    fn deliver_eager(rr: &mut RecvReq, src: u32, tag: i32, data: &[u8]) {
-        let n = data.len().min(rr.cap);
-        if n > 0 && !rr.buf.0.is_null() {
-            // SAFETY: the buffer is lent for `cap` bytes (see `Ptr`) and `n <= cap`.
-            let dst = unsafe { std::slice::from_raw_parts_mut(rr.buf.0, n) };
-            nemesis_shm::region::copy_into(dst, &data[..n]);
+    pub(super) fn deliver_eager(rr: &mut RecvReq, src: u32, tag: i32, data: &[u8]) {
+        match &rr.bufs {
+            Bufs::One(s) => {
+                let n = data.len().min(s.len);
+                if n > 0 && !s.ptr.is_null() {
+                    // SAFETY: the buffer is lent for `len` bytes (see `Bufs`), `n <= len`.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(s.ptr, n) };
+                    nemesis_shm::region::copy_into(dst, &data[..n]);
+                }
+            }
+            // SAFETY: the buffer is lent (see `Bufs`).
+            many => unsafe { many.write_at(0, data) },
         }
         let source = rr.comm.rank_of(src).unwrap_or(src);
         rr.result = Some(if data.len() > rr.cap {
@@ -370,7 +396,10 @@ impl Engine {
             RTS => self.on_rts(src, h, payload),
             CTS => self.on_cts(src, h.aux, payload),
             DATA => self.on_data(src, h.aux, payload),
-            DONE => self.on_done(src, h.aux),
+            DONE => self.on_done(src, h.aux, payload),
+            FIN => self.on_fin(src, h.aux, payload),
+            REVOKE => self.on_revoke(src, h.aux),
+            REVOKED => self.on_revoked(src, h.aux),
             k => self.fault(src, format!("unknown packet kind {k:#x}")),
         }
     }
@@ -401,145 +430,16 @@ impl Engine {
         });
     }
 
-    /// The length an RTS announces, or `None` (and a fault) if it is malformed.
-    fn parse_rts(&mut self, src: u32, payload: &[u8]) -> Option<usize> {
-        let (Some(total), Some(&strategy)) = (
-            payload
-                .get(..8)
-                .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))),
-            payload.get(8),
-        ) else {
-            self.fault(src, "a short RTS");
-            return None;
-        };
-        if strategy != STRATEGY_CHUNKS {
-            self.fault(src, format!("an RTS with unknown strategy {strategy}"));
-            return None;
-        }
-        let Ok(total) = usize::try_from(total) else {
-            self.fault(src, "an RTS longer than this machine can address");
-            return None;
-        };
-        Some(total)
-    }
-
-    fn on_rts(&mut self, src: u32, h: Header, payload: &[u8]) {
-        let Some(total) = self.parse_rts(src, payload) else {
-            return;
-        };
-        let (ctx, tag, send_id) = (h.context, h.tag, h.aux);
-        if let Some(i) = self
-            .posted
-            .iter()
-            .position(|q| selected(q.ctx, q.src, q.tag, ctx, src, tag))
-        {
-            let q = self.posted.remove(i).expect("position is in range");
-            if let Some(Req::Recv(rr)) = self.reqs.remove(&q.id) {
-                self.start_rndv(q.id, rr, src, send_id, total, tag);
-            }
-            return;
-        }
-        self.unexpected.push_back(Unexpected {
-            src,
-            ctx,
-            tag,
-            body: Body::Rts { send_id, total },
-        });
-    }
-
-    fn on_cts(&mut self, src: u32, send_id: u32, payload: &[u8]) {
-        let Some(recv_id) = payload
-            .get(..4)
-            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
-        else {
-            return self.fault(src, "a short CTS");
-        };
-        match self.reqs.get_mut(&send_id) {
-            Some(Req::Send(s)) if s.dest == src && matches!(s.state, SState::WaitCts) => {
-                s.state = SState::Push { recv_id, off: 0 };
-                self.pushing.push(send_id);
-                self.chores = true;
-            }
-            _ => self.fault(
-                src,
-                format!("a CTS for send {send_id}, which is not waiting for one"),
-            ),
-        }
-    }
-
-    fn on_data(&mut self, src: u32, recv_id: u32, payload: &[u8]) {
-        let Some(off) = payload
-            .get(..8)
-            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
-        else {
-            return self.fault(src, "a short DATA packet");
-        };
-        let data = &payload[8..];
-        let Some(Req::Recv(rr)) = self.reqs.get_mut(&recv_id) else {
-            return self.fault(src, format!("DATA for receive {recv_id}, which does not exist"));
-        };
-        let RState::Rndv {
-            peer,
-            send_id,
-            total,
-            got,
-        } = &mut rr.state
-        else {
-            return self.fault(src, format!("DATA for receive {recv_id}, which is not receiving"));
-        };
-        let end = off.checked_add(data.len() as u64);
-        if *peer != src || end.is_none_or(|e| e > *total as u64) {
-            let what = format!("DATA at {off}+{} beyond a message of {total}", data.len());
-            return self.fault(src, what);
-        }
-        let off = off as usize;
-        if off < rr.cap && !rr.buf.0.is_null() {
-            let n = data.len().min(rr.cap - off);
-            // SAFETY: the buffer is lent for `cap` bytes and `off + n <= cap`.
-            let dst = unsafe { std::slice::from_raw_parts_mut(rr.buf.0.add(off), n) };
-            dst.copy_from_slice(&data[..n]);
-        }
-        *got += data.len();
-        if *got >= *total {
-            let (peer, send_id) = (*peer, *send_id);
-            rr.state = RState::Done;
-            if rr.detached {
-                self.reqs.remove(&recv_id);
-            }
-            self.ctrl(peer, DONE, send_id, None);
-        }
-    }
-
-    fn on_done(&mut self, src: u32, send_id: u32) {
-        match self.reqs.get_mut(&send_id) {
-            // An empty large message is acknowledged at once, without a CTS.
-            Some(Req::Send(s))
-                if s.dest == src
-                    && matches!(s.state, SState::WaitCts | SState::WaitDone | SState::Push { .. }) =>
-            {
-                s.state = SState::Done;
-                s.owned = None;
-                if s.detached {
-                    self.reqs.remove(&send_id);
-                }
-            }
-            _ => self.fault(
-                src,
-                format!("DONE for send {send_id}, which is not waiting for one"),
-            ),
-        }
-    }
-
     /// What follows every poll: control packets go out, chunks are pushed, and a
     /// protocol fault is reported.
     #[inline(always)]
-    fn settle<C: Channel>(&mut self, ch: &mut C) -> Result<(), P2pError> {
+    pub(super) fn settle<C: Channel>(&mut self, ch: &mut C) -> Result<(), P2pError> {
         if self.chores { self.do_chores(ch) } else { Ok(()) }
     }
 
     /// Keeps `e` to be reported by the next operation.
     #[cold]
-    fn defer(&mut self, e: P2pError) {
+    pub(super) fn defer(&mut self, e: P2pError) {
         if self.fault.is_none() {
             self.fault = Some(e);
         }
@@ -548,8 +448,12 @@ impl Engine {
 
     #[inline(never)]
     fn do_chores<C: Channel>(&mut self, ch: &mut C) -> Result<(), P2pError> {
-        let r = self.flush(ch).and_then(|()| self.push(ch));
-        self.chores = !self.pushing.is_empty() || !self.outbox.is_empty();
+        let r = self
+            .drive_lmt(ch)
+            .and_then(|()| self.flush(ch))
+            .and_then(|()| self.push(ch))
+            .and_then(|()| self.flush(ch));
+        self.chores = !self.pushing.is_empty() || !self.outbox.is_empty() || !self.lmt_active.is_empty();
         if let Some(e) = self.fault.take() {
             return Err(e);
         }
@@ -557,83 +461,23 @@ impl Engine {
     }
 
     /// Sends the control packets produced while handling.
-    fn flush<C: Channel>(&mut self, ch: &mut C) -> Result<(), P2pError> {
+    pub(super) fn flush<C: Channel>(&mut self, ch: &mut C) -> Result<(), P2pError> {
         for c in self.outbox.drain(..) {
-            ch.send_bytes(c.dest, c.header, &c.payload[..c.len as usize])?;
+            ch.send_bytes(c.dest, c.header, &c.payload)?;
         }
         Ok(())
     }
 
-    /// Pushes chunks of accepted large messages while the channel has room.
-    fn push<C: Channel>(&mut self, ch: &mut C) -> Result<(), P2pError> {
-        let chunk = ch.max_payload().saturating_sub(8).max(1);
-        let mut i = 0;
-        while i < self.pushing.len() {
-            let id = self.pushing[i];
-            let Some(Req::Send(s)) = self.reqs.get_mut(&id) else {
-                self.pushing.swap_remove(i);
-                continue;
-            };
-            let SState::Push { recv_id, off } = &mut s.state else {
-                self.pushing.swap_remove(i);
-                continue;
-            };
-            let data: &[u8] = match &s.owned {
-                Some(v) => v,
-                // SAFETY: the send buffer is lent for `len` bytes (see `Ptr`).
-                None => unsafe { std::slice::from_raw_parts(s.buf.0, s.len) },
-            };
-            while *off < data.len() && ch.pending() == 0 {
-                let end = (*off + chunk).min(data.len());
-                let h = Header {
-                    kind: DATA,
-                    aux: *recv_id,
-                    ..Header::default()
-                };
-                let status = ch.send(s.dest, h, &[&(*off as u64).to_le_bytes(), &data[*off..end]])?;
-                *off = end;
-                if matches!(status, SendStatus::Queued(_)) {
-                    break;
-                }
-            }
-            if *off >= data.len() {
-                s.state = SState::WaitDone;
-                self.pushing.swap_remove(i);
-            } else {
-                i += 1;
-            }
-        }
-        Ok(())
-    }
-
-    /// Lets a request go: cancels, drains into nothing, or copies what a send still
-    /// needs, so the buffer is never touched again.
-    pub(crate) fn release(&mut self, id: u32) {
-        let Some(req) = self.reqs.get_mut(&id) else { return };
-        if req.is_done() {
-            self.reqs.remove(&id);
-            return;
-        }
-        match req {
-            Req::Recv(rr) => {
-                if matches!(rr.state, RState::Posted) {
-                    self.posted.retain(|q| q.id != id);
-                    self.reqs.remove(&id);
-                    return;
-                }
-                rr.buf = Ptr(std::ptr::null_mut());
-                rr.detached = true;
-            }
-            Req::Send(s) => {
-                if s.owned.is_none() {
-                    // SAFETY: the buffer is still lent; this is the last time we read it.
-                    s.owned = Some(unsafe { std::slice::from_raw_parts(s.buf.0, s.len) }.to_vec());
-                }
-                s.buf = Ptr(std::ptr::null_mut());
-                s.detached = true;
-            }
-        }
-        self.detached.push(id);
+    /// Whether a large message is under way, so a blocked operation keeps polling
+    /// (yielding the CPU between polls) rather than sleep: data that moves without
+    /// packets arriving needs it, and a peer's CTS or DONE is answered without a
+    /// wake-up's delay, which would otherwise cost as much as moving a megabyte.
+    pub(super) fn lmt_busy(&self) -> bool {
+        !self.lmt_active.is_empty()
+            || self.reqs.values().any(|r| match r {
+                Req::Send(s) => !matches!(s.state, SState::Done),
+                Req::Recv(rr) => matches!(rr.state, RState::Rndv { .. }),
+            })
     }
 }
 
@@ -747,6 +591,18 @@ impl<C: Channel> World<C> {
         Ok(n)
     }
 
+    /// A pause between polls while a large message is under way: a CPU hint when every
+    /// local process has a CPU, a yield when they outnumber the CPUs.
+    fn busy_pause(&self) {
+        if self.node_wait.spin >= 1000 {
+            for _ in 0..32 {
+                std::hint::spin_loop();
+            }
+        } else {
+            std::thread::yield_now();
+        }
+    }
+
     /// Fails request `id` if the peer it depends on is known to be gone.
     pub(crate) fn check_failed(&mut self, id: u32) {
         let (peers, comm): (Vec<u32>, Arc<CommInner>) = match self.eng.reqs.get(&id) {
@@ -769,16 +625,30 @@ impl<C: Channel> World<C> {
                 };
                 let rank = comm.rank_of(p).unwrap_or(p);
                 self.eng.posted.retain(|q| q.id != id);
-                match self.eng.reqs.get_mut(&id) {
+                let old = match self.eng.reqs.get_mut(&id) {
                     Some(Req::Recv(rr)) => {
-                        rr.state = RState::Done;
                         rr.result = Some(Err(P2pError::PeerFailed { rank, reason }));
+                        match std::mem::replace(&mut rr.state, RState::Done) {
+                            RState::Rndv {
+                                stage: Stage::Lmt(x), ..
+                            } => Some(x),
+                            _ => None,
+                        }
                     }
                     Some(Req::Send(s)) => {
-                        s.state = SState::Done;
                         s.result = Some(Err(P2pError::PeerFailed { rank, reason }));
+                        match std::mem::replace(&mut s.state, SState::Done) {
+                            SState::Lmt { x, .. } => Some(x),
+                            _ => None,
+                        }
                     }
-                    None => {}
+                    None => None,
+                };
+                if let Some(lmt) = self.ch.lmt() {
+                    if let Some(x) = old {
+                        lmt.end(&x);
+                    }
+                    lmt.peer_terminated(p);
                 }
                 return;
             }
@@ -801,7 +671,11 @@ impl<C: Channel> World<C> {
             if idle < TIGHT_POLLS {
                 continue;
             }
-            self.ch.wait(Some(self.cfg.failure_check))?;
+            if self.eng.lmt_busy() {
+                self.busy_pause();
+            } else {
+                self.ch.wait(Some(self.cfg.failure_check))?;
+            }
             let now = Instant::now();
             let last = *last_check.get_or_insert(now);
             if now.duration_since(last) >= self.cfg.failure_check {
@@ -844,54 +718,7 @@ impl<C: Channel> World<C> {
         ctx: u32,
         buf: &[u8],
     ) -> Result<Option<u32>, P2pError> {
-        let d = comm.world_of(dest)?;
-        if buf.len() <= self.cfg.eager_limit {
-            self.ch.send_bytes(
-                d,
-                Header {
-                    kind: EAGER,
-                    context: ctx,
-                    tag,
-                    aux: 0,
-                    flags: 0,
-                },
-                buf,
-            )?;
-            return Ok(None);
-        }
-        let id = self.eng.new_id();
-        self.eng.reqs.insert(
-            id,
-            Req::Send(SendReq {
-                buf: Ptr(buf.as_ptr().cast_mut()),
-                len: buf.len(),
-                dest: d,
-                comm: comm.clone(),
-                state: SState::WaitCts,
-                owned: None,
-                result: Some(Ok(Status {
-                    source: dest,
-                    tag,
-                    len: buf.len(),
-                })),
-                detached: false,
-            }),
-        );
-        let mut rts = [0u8; 9];
-        rts[..8].copy_from_slice(&(buf.len() as u64).to_le_bytes());
-        rts[8] = STRATEGY_CHUNKS;
-        let h = Header {
-            kind: RTS,
-            context: ctx,
-            tag,
-            aux: id,
-            flags: 0,
-        };
-        if let Err(e) = self.ch.send_bytes(d, h, &rts) {
-            self.eng.reqs.remove(&id);
-            return Err(e.into());
-        }
-        Ok(Some(id))
+        self.start_send_bufs(comm, dest, tag, ctx, Bufs::One(Seg::of(buf)), buf.len())
     }
 
     /// Starts a receive into `buf` (lent to the engine until the request completes or is
@@ -902,13 +729,13 @@ impl<C: Channel> World<C> {
         src: Option<u32>,
         tag: Option<i32>,
         ctx: u32,
-        buf: Ptr,
+        bufs: Bufs,
         cap: usize,
     ) -> Result<u32, P2pError> {
         let src = Self::src_sel(comm, src)?;
         let id = self.eng.new_id();
         let mut rr = RecvReq {
-            buf,
+            bufs,
             cap,
             comm: comm.clone(),
             src,
@@ -928,8 +755,8 @@ impl<C: Channel> World<C> {
                     Engine::deliver_eager(&mut rr, u.src, u.tag, &data);
                     self.eng.reqs.insert(id, Req::Recv(rr));
                 }
-                Body::Rts { send_id, total } => {
-                    self.eng.start_rndv(id, rr, u.src, send_id, total, u.tag);
+                Body::Rts(rts) => {
+                    self.eng.start_rndv(id, rr, u.src, rts, u.tag);
                     self.eng.flush(&mut self.ch)?;
                 }
             }
@@ -995,7 +822,7 @@ impl<C: Channel> World<C> {
                 let r = self.wait_all_ids(&[id]);
                 if r.is_err() || !self.eng.reqs.get(&id).is_some_and(Req::is_done) {
                     // The buffer is only lent for this call.
-                    self.eng.release(id);
+                    self.release(id);
                     r?;
                 }
                 self.finish(id).map(|_| ())
@@ -1088,10 +915,10 @@ impl<C: Channel> World<C> {
         tag: Option<i32>,
         buf: &mut [u8],
     ) -> Result<Status, P2pError> {
-        let id = self.start_recv(c, src, tag, ctx, Ptr(buf.as_mut_ptr()), buf.len())?;
+        let id = self.start_recv(c, src, tag, ctx, Bufs::One(Seg::of_mut(buf)), buf.len())?;
         let r = self.wait_all_ids(&[id]);
         if r.is_err() || !self.eng.reqs.get(&id).is_some_and(Req::is_done) {
-            self.eng.release(id);
+            self.release(id);
             r?;
         }
         self.finish(id)
@@ -1111,7 +938,7 @@ impl<C: Channel> World<C> {
         buf: &mut [u8],
         found: Option<Found>,
     ) -> Result<Status, P2pError> {
-        let (ptr, cap) = (Ptr(buf.as_mut_ptr()), buf.len());
+        let (seg, cap) = (Seg::of_mut(buf), buf.len());
         let mut idle = Idle::new();
         let mut f = Fresh {
             ctx,
@@ -1121,7 +948,7 @@ impl<C: Channel> World<C> {
             found,
         };
         let found = loop {
-            if let Some(found) = f.found {
+            if let Some(found) = f.found.take() {
                 // What the poll left to do must not cost this receive its message: a
                 // failure is reported by the next call instead.
                 if let Err(e) = self.eng.settle(&mut self.ch) {
@@ -1152,12 +979,7 @@ impl<C: Channel> World<C> {
                     len,
                 })
             }
-            Found::Rts {
-                src: peer,
-                tag,
-                len,
-                send_id,
-            } => self.fresh_rndv(c, src, peer, tag, send_id, len, ptr, cap),
+            Found::Rts { src: peer, tag, rts } => self.fresh_rndv(c, src, peer, tag, *rts, seg, cap),
         }
     }
 
@@ -1170,7 +992,11 @@ impl<C: Channel> World<C> {
         if idle.polls < TIGHT_POLLS {
             return Ok(());
         }
-        self.ch.wait(Some(self.cfg.failure_check))?;
+        if self.eng.lmt_busy() {
+            self.busy_pause();
+        } else {
+            self.ch.wait(Some(self.cfg.failure_check))?;
+        }
         let now = Instant::now();
         let last = *idle.last_check.get_or_insert(now);
         if now.duration_since(last) >= self.cfg.failure_check {
@@ -1191,13 +1017,12 @@ impl<C: Channel> World<C> {
         src: Option<u32>,
         peer: u32,
         tag: i32,
-        send_id: u32,
-        total: usize,
-        buf: Ptr,
+        rts: Rts,
+        seg: Seg,
         cap: usize,
     ) -> Result<Status, P2pError> {
         let rr = RecvReq {
-            buf,
+            bufs: Bufs::One(seg),
             cap,
             comm: c.clone(),
             src,
@@ -1205,11 +1030,11 @@ impl<C: Channel> World<C> {
             result: None,
             detached: false,
         };
-        let id = self.eng.accept_rts(rr, peer, send_id, total, tag);
+        let id = self.eng.accept_rts(rr, peer, rts, tag);
         self.eng.flush(&mut self.ch)?;
         let r = self.wait_all_ids(&[id]);
         if r.is_err() || !self.eng.reqs.get(&id).is_some_and(Req::is_done) {
-            self.eng.release(id);
+            self.release(id);
             r?;
         }
         self.finish(id)
@@ -1268,11 +1093,11 @@ impl<C: Channel> World<C> {
         recv_tag: Option<i32>,
         recv: &mut [u8],
     ) -> Result<Status, P2pError> {
-        let rid = self.start_recv(c, src, recv_tag, ctx, Ptr(recv.as_mut_ptr()), recv.len())?;
+        let rid = self.start_recv(c, src, recv_tag, ctx, Bufs::One(Seg::of_mut(recv)), recv.len())?;
         let sid = match self.start_send(c, dest, send_tag, ctx, send) {
             Ok(s) => s,
             Err(e) => {
-                self.eng.release(rid);
+                self.release(rid);
                 return Err(e);
             }
         };
@@ -1280,7 +1105,7 @@ impl<C: Channel> World<C> {
         let r = self.wait_all_ids(&ids);
         for &id in &ids {
             if r.is_err() || !self.eng.reqs.get(&id).is_some_and(Req::is_done) {
-                self.eng.release(id);
+                self.release(id);
             }
         }
         r?;

@@ -42,6 +42,7 @@ mod coll;
 mod comm;
 mod engine;
 mod node;
+mod rndv;
 mod scope;
 
 pub use coll::{Op, Reducible};
@@ -124,6 +125,22 @@ pub enum P2pError {
     /// The channel failed.
     #[error(transparent)]
     Channel(#[from] ChannelError),
+    /// A large transfer failed on this side: a bad cookie from the peer, a refused
+    /// system call, a peer that died in the middle.
+    #[error("large transfer with rank {rank} failed: {source}")]
+    Transfer {
+        /// The peer's rank in the communicator.
+        rank: u32,
+        /// What went wrong.
+        #[source]
+        source: nemesis_lmt::LmtError,
+    },
+    /// The peer reported that its side of a large transfer failed.
+    #[error("rank {rank} reported that its side of a large transfer failed")]
+    RemoteTransfer {
+        /// The peer's rank in the communicator.
+        rank: u32,
+    },
 }
 
 /// Tunables, from the environment.

@@ -10,9 +10,10 @@
 //! Requests are neither `Send` nor `Sync`, so a drop can never race the engine.
 
 use super::comm::Comm;
-use super::engine::{Ptr, Req, World};
+use super::engine::{Bufs, Req, World};
 use super::{P2pError, Status};
 use crate::channel::Channel;
+use nemesis_lmt::Seg;
 use std::cell::{RefCell, RefMut};
 use std::marker::PhantomData;
 use std::time::Instant;
@@ -147,7 +148,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         if !dropped.is_empty() {
             self.state.live.borrow_mut().retain(|id| !dropped.contains(id));
             for id in dropped {
-                w.eng.release(id);
+                w.release(id);
             }
         }
     }
@@ -155,8 +156,9 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
     fn end(&self) {
         let mut w = self.world.borrow_mut();
         self.release_dropped(&mut w);
-        for id in self.state.live.borrow_mut().drain(..) {
-            w.eng.release(id);
+        let live: Vec<u32> = self.state.live.borrow_mut().drain(..).collect();
+        for id in live {
+            w.release(id);
         }
     }
 
@@ -229,8 +231,58 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
             return Err(P2pError::InvalidTag(t));
         }
         let (ptr, len) = (buf.as_mut_ptr(), buf.len());
-        let id = w.start_recv(c, src.into(), tag, c.ctx, Ptr(ptr), len)?;
+        let id = w.start_recv(c, src.into(), tag, c.ctx, Bufs::One(Seg::of_mut(buf)), len)?;
         Ok(self.request(&w, id, Kind::Recv, ptr, len))
+    }
+
+    /// Starts sending the concatenation of `bufs` to rank `dest` of `comm`, without
+    /// packing it first where the transfer allows. The slices stay borrowed until the
+    /// request is finished.
+    pub fn isend_iov(
+        &'scope self,
+        comm: &Comm,
+        dest: u32,
+        tag: i32,
+        bufs: &[&'scope [u8]],
+    ) -> Result<Request<'scope>, P2pError> {
+        let mut w = self.world();
+        let c = w.check_comm(comm)?;
+        if tag < 0 {
+            return Err(P2pError::InvalidTag(tag));
+        }
+        let segs: Box<[Seg]> = bufs.iter().map(|b| Seg::of(b)).collect();
+        let len = segs.iter().map(|s| s.len).sum();
+        let id = w.start_send_bufs(c, dest, tag, c.ctx, Bufs::Many(segs), len)?;
+        let mut r = self.request(&w, id.unwrap_or(0), Kind::Send, std::ptr::null_mut(), len);
+        if id.is_none() {
+            r.ready = Some(Ok(Status {
+                source: dest,
+                tag,
+                len,
+            }));
+        }
+        Ok(r)
+    }
+
+    /// Starts receiving a message into the slices of `bufs` in turn, without an
+    /// intermediate buffer where the transfer allows.
+    pub fn irecv_iov(
+        &'scope self,
+        comm: &Comm,
+        src: impl Into<Option<u32>>,
+        tag: impl Into<Option<i32>>,
+        bufs: impl IntoIterator<Item = &'scope mut [u8]>,
+    ) -> Result<Request<'scope>, P2pError> {
+        let mut w = self.world();
+        let c = w.check_comm(comm)?;
+        let tag = tag.into();
+        if let Some(t) = tag.filter(|t| *t < 0) {
+            return Err(P2pError::InvalidTag(t));
+        }
+        let segs: Box<[Seg]> = bufs.into_iter().map(Seg::of_mut).collect();
+        let len = segs.iter().map(|s| s.len).sum();
+        let id = w.start_recv(c, src.into(), tag, c.ctx, Bufs::Many(segs), len)?;
+        Ok(self.request(&w, id, Kind::Recv, std::ptr::null_mut(), len))
     }
 
     fn check_world(w: &World<C>, r: &Request<'_>) -> Result<(), P2pError> {
@@ -269,6 +321,8 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         r.live = false;
         let status = result?;
         let (recv, send) = match r.kind {
+            // A list of slices (`isend_iov`, `irecv_iov`): the caller keeps them.
+            _ if r.ptr.is_null() => (None, None),
             // SAFETY: the engine is done with the buffer (the request is finished and
             // forgotten), and the slice rebuilds the `&'scope mut` borrow that `irecv`
             // took, from the same pointer.

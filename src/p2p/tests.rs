@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::channel::{Channel, ShmChannel, WaitPolicy};
+use nemesis_lmt::{LmtError, Strategy};
 use nemesis_shm::{Geometry, Segment};
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +20,25 @@ fn job_with<T: Send + 'static>(
     tweak: impl Fn(&mut Config) + Send + Sync + 'static,
     f: impl Fn(World) -> T + Send + Sync + 'static,
 ) -> Vec<T> {
+    job_full(n, geo, None, tweak, f)
+}
+
+/// As [`job`], with every large message moved by strategy `force`.
+fn job_forced<T: Send + 'static>(
+    n: u32,
+    force: Strategy,
+    f: impl Fn(World) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    job_full(n, Geometry::default(), Some(force), |_| {}, f)
+}
+
+fn job_full<T: Send + 'static>(
+    n: u32,
+    geo: Geometry,
+    force: Option<Strategy>,
+    tweak: impl Fn(&mut Config) + Send + Sync + 'static,
+    f: impl Fn(World) -> T + Send + Sync + 'static,
+) -> Vec<T> {
     let tweak = Arc::new(tweak);
     let seg = Arc::new(Segment::anonymous(n, geo).unwrap());
     let ranks: Vec<u32> = (0..n).collect();
@@ -32,7 +52,15 @@ fn job_with<T: Send + 'static>(
                     yields: 50,
                     slice: Duration::from_millis(20),
                 };
-                let ch = ShmChannel::from_segment(seg, r, n, &ranks, r, policy).unwrap();
+                let mut ch = ShmChannel::from_segment(seg, r, n, &ranks, r, policy).unwrap();
+                if force.is_some() {
+                    let lmt = ch.local_lmt();
+                    let p = nemesis_lmt::Policy {
+                        force,
+                        ..lmt.policy()
+                    };
+                    lmt.set_policy(p).unwrap();
+                }
                 let mut cfg = Config::from_lookup(ch.max_payload(), |_| None).unwrap();
                 tweak(&mut cfg);
                 f(World::with_config(ch, cfg).unwrap())
@@ -795,4 +823,182 @@ fn a_large_isend_moves_on_while_the_sender_computes_between_tests() {
     // Chunk by chunk this would take 500 tests; each test moves as much as the
     // channel takes, so a few dozen do.
     assert!(calls[0] < 100, "{} tests to move {LEN} bytes", calls[0]);
+}
+
+// ---------------------------------------------------------------------------------
+// Large-message transfer: every strategy, forced.
+
+/// The strategies this system can run (CMA needs ptrace permission).
+fn strategies() -> Vec<Strategy> {
+    let cma = nemesis_lmt::cma::probe().is_ok();
+    Strategy::ALL
+        .into_iter()
+        .filter(|s| cma || !matches!(s, Strategy::Cma | Strategy::CmaPut))
+        .collect()
+}
+
+#[test]
+fn every_strategy_moves_contiguous_and_scattered_messages_intact() {
+    for s in strategies() {
+        job_forced(2, s, move |mut w| {
+            let c = w.comm();
+            let sizes = [8161usize, 100_000, (3 << 20) + 17];
+            if w.rank() == 0 {
+                for (i, &len) in sizes.iter().enumerate() {
+                    let data = pattern(i as u32, len);
+                    w.send(&c, 1, 0, &data).unwrap();
+                    // The same bytes from three pieces, one of them empty.
+                    let (a, b) = data.split_at(len / 3);
+                    w.send_iov(&c, 1, 1, &[a, &[], b]).unwrap();
+                }
+            } else {
+                for (i, &len) in sizes.iter().enumerate() {
+                    let want = pattern(i as u32, len);
+                    // Contiguous into pieces, and pieces into contiguous.
+                    let mut x = vec![0u8; len / 2 + 1];
+                    let mut y = vec![0u8; len - x.len()];
+                    let st = w.recv_iov(&c, 0, 0, &mut [&mut x, &mut y]).unwrap();
+                    assert_eq!(st.len, len, "{s}");
+                    assert!(
+                        x[..] == want[..x.len()] && y[..] == want[x.len()..],
+                        "{s}: {len} B into pieces"
+                    );
+                    let mut z = vec![0u8; len];
+                    assert_eq!(w.recv(&c, 0, 1, &mut z).unwrap().len, len);
+                    assert!(z == want, "{s}: {len} B from pieces");
+                }
+            }
+        });
+    }
+}
+
+#[test]
+fn every_strategy_truncates_into_a_short_buffer_and_writes_nothing_past_it() {
+    for s in strategies() {
+        job_forced(2, s, move |mut w| {
+            let c = w.comm();
+            if w.rank() == 0 {
+                w.send(&c, 1, 0, &pattern(9, 300_000))
+                    .unwrap_or_else(|e| panic!("{s}: {e}"));
+                w.send(&c, 1, 0, &pattern(10, 20_000)).unwrap();
+            } else {
+                let mut buf = vec![0xeeu8; 200_001];
+                let e = w.recv(&c, 0, 0, &mut buf[..200_000]).unwrap_err();
+                assert!(
+                    matches!(
+                        e,
+                        P2pError::Truncated {
+                            message_len: 300_000,
+                            buffer_len: 200_000
+                        }
+                    ),
+                    "{s}: {e}"
+                );
+                assert!(buf[..200_000] == pattern(9, 300_000)[..200_000], "{s}");
+                assert_eq!(buf[200_000], 0xee, "{s}: a byte past the buffer was written");
+                // The pair goes on.
+                let mut next = vec![0u8; 20_000];
+                w.recv(&c, 0, 0, &mut next).unwrap();
+                assert!(next == pattern(10, 20_000), "{s}");
+            }
+        });
+    }
+}
+
+#[test]
+fn every_strategy_survives_dropped_sends_and_receives() {
+    for s in strategies() {
+        job_forced(2, s, move |mut w| {
+            let c = w.comm();
+            if w.rank() == 0 {
+                let mut buf = pattern(3, 500_000);
+                w.scope(|sc| drop(sc.isend(&c, 1, 0, &buf).unwrap()));
+                // Ours again: what rank 1 receives must not change.
+                buf.iter_mut().for_each(|b| *b = 0xee);
+                let mut go = [0u8; 1];
+                w.recv(&c, 1, 9, &mut go).unwrap();
+                // Rank 1 lets this one go mid-way; the next must still arrive intact.
+                w.send(&c, 1, 1, &pattern(4, 2 << 20)).unwrap();
+                w.send(&c, 1, 2, &pattern(5, 100_000)).unwrap();
+                w.flush(Duration::from_secs(30)).unwrap();
+            } else {
+                let mut buf = vec![0u8; 500_000];
+                w.recv(&c, 0, 0, &mut buf).unwrap();
+                assert!(
+                    buf == pattern(3, 500_000),
+                    "{s}: a dropped send changed under way"
+                );
+                w.send(&c, 0, 9, &[1]).unwrap();
+                let mut big = vec![0u8; 2 << 20];
+                // Matched before it is dropped (a receive dropped before it matches is
+                // cancelled, and the message waits for the next).
+                w.probe(&c, 0, 1).unwrap();
+                w.scope(|sc| {
+                    let mut r = sc.irecv(&c, 0, 1, &mut big).unwrap();
+                    // Let it start, then drop it.
+                    let _ = sc.test(&mut r).unwrap();
+                });
+                let mut next = vec![0u8; 100_000];
+                w.recv(&c, 0, 2, &mut next).unwrap();
+                assert!(next == pattern(5, 100_000), "{s}");
+            }
+        });
+    }
+}
+
+/// A raw RTS as a broken or hostile peer might send it: `total` bytes, offering CMA
+/// with the pieces in `pieces`.
+fn raw_cma_rts(w: &mut World, dest: u32, send_id: u32, total: u64, pieces: &[(u64, u64)]) {
+    let mut p = total.to_le_bytes().to_vec();
+    p.push(Strategies::CHUNKS.with(Strategy::Cma).0);
+    p.extend_from_slice(&(pieces.len() as u32).to_le_bytes());
+    for &(a, l) in pieces {
+        p.extend_from_slice(&a.to_le_bytes());
+        p.extend_from_slice(&l.to_le_bytes());
+    }
+    let h = crate::channel::Header {
+        kind: super::engine::RTS,
+        context: 0,
+        tag: 5,
+        aux: send_id,
+        flags: 0,
+    };
+    w.channel().send_bytes(dest, h, &p).unwrap();
+}
+
+use nemesis_lmt::Strategies;
+
+#[test]
+fn a_cookie_naming_memory_the_peer_does_not_own_or_the_wrong_length_is_a_typed_error() {
+    if nemesis_lmt::cma::probe().is_err() {
+        eprintln!("skipping: CMA is not permitted here");
+        return;
+    }
+    job_forced(2, Strategy::Cma, |mut w| {
+        let c = w.comm();
+        if w.rank() == 0 {
+            // The zero page is never anyone's memory.
+            raw_cma_rts(&mut w, 1, 1001, 64 << 10, &[(4096, 64 << 10)]);
+            // Pieces that do not add up to the announced length.
+            let real = vec![7u8; 1000];
+            raw_cma_rts(&mut w, 1, 1002, 64 << 10, &[(real.as_ptr() as u64, 1000)]);
+            let mut go = [0u8; 1];
+            w.recv(&c, 1, 9, &mut go).unwrap();
+            drop(real);
+        } else {
+            for what in ["not its memory", "hold 1000 bytes"] {
+                let mut buf = vec![0u8; 64 << 10];
+                let e = w.recv(&c, 0, 5, &mut buf).unwrap_err();
+                match &e {
+                    P2pError::Transfer {
+                        rank: 0,
+                        source: LmtError::BadCookie { peer: 0, why },
+                    } => assert!(why.contains(what), "{e}"),
+                    other => panic!("expected a bad cookie ({what}), got {other}"),
+                }
+                assert!(buf.iter().all(|&b| b == 0), "bytes were written on a bad cookie");
+            }
+            w.send(&c, 0, 9, &[1]).unwrap();
+        }
+    });
 }
