@@ -53,10 +53,41 @@ fn latency_json_carries_the_documented_fields() {
 fn stream_ring_and_memory_json() {
     has(
         &json_lines(&[
-            "bw", "--sizes", "64,20K", "--iters", "3", "--warmup", "1", "--rounds", "1", "--json",
+            "bw", "--layer", "channel", "--sizes", "64,20K", "--iters", "3", "--warmup", "1", "--rounds",
+            "1", "--json",
         ])[1],
         &["size", "mb_s", "mib_s"],
     );
+    let bw = json_lines(&[
+        "bw",
+        "--sizes",
+        "1K,64K",
+        "--lmt",
+        "auto,ring,chunks",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+        "--rounds",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(bw.len(), 6);
+    for l in &bw {
+        assert!(l.contains("\"bench\":\"bw\""), "{l}");
+        has(l, &["size", "mib_s", "memcpy_mib_s", "lmt", "used", "probe_ns"]);
+    }
+    assert!(
+        bw[4].contains("\"lmt\":\"ring\"") && bw[4].contains("\"used\":\"ring\""),
+        "{}",
+        bw[4]
+    );
+    let o = Command::new(BENCH)
+        .args(["bw", "--lmt", "carrier-pigeon"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--lmt carrier-pigeon"));
     has(
         &json_lines(&[
             "msgrate", "--sizes", "8", "--iters", "3", "--warmup", "1", "--rounds", "1", "--json",

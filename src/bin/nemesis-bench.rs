@@ -2,6 +2,7 @@
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
+use nemesis::Channel as _;
 use nemesis::measure::{self, Layer, Pair, Summary};
 use nemesis::shm::{Geometry, Segment};
 use std::fmt::Write as _;
@@ -36,8 +37,9 @@ struct Cli {
 enum Cmd {
     /// One-way latency by ping-pong, next to the cache-line probe.
     Latency(LatencyArgs),
-    /// Streaming bandwidth (osu_bw: windows of messages, each window acknowledged).
-    Bw(StreamArgs),
+    /// Streaming bandwidth (osu_bw: windows of messages, each window acknowledged),
+    /// through two-sided messaging and its large-message strategies, next to memcpy.
+    Bw(BwArgs),
     /// Message rate: as bw, counting messages.
     Msgrate(RateArgs),
     /// A token passed round a ring of processes, which may outnumber the CPUs.
@@ -112,6 +114,141 @@ struct StreamArgs {
     /// Do not pin the two processes to CPUs.
     #[arg(long)]
     no_pin: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+struct BwArgs {
+    /// Message sizes.
+    #[arg(long, value_delimiter = ',', value_parser = size,
+          default_value = "1K,4K,16K,64K,256K,1M,4M,16M,64M")]
+    sizes: Vec<usize>,
+    /// Large-message strategies to compare, interleaved round by round: auto, chunks,
+    /// cma, cma-put, ring, vmsplice (as NEMESIS_LMT). Ignored with --layer channel.
+    #[arg(long, value_delimiter = ',', default_value = "auto")]
+    lmt: Vec<String>,
+    /// Messages per window.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..))]
+    window: u64,
+    /// Most timed windows per round; fewer for large messages, so that a round moves
+    /// about 256 MiB.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..))]
+    iters: u64,
+    /// Most untimed windows before each round.
+    #[arg(long, default_value_t = 10)]
+    warmup: u64,
+    /// Rounds; the median is reported.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: u32,
+    /// Do not pin the two processes to CPUs.
+    #[arg(long)]
+    no_pin: bool,
+    /// What to measure: two-sided messaging (with its large-message transfer), or raw
+    /// packets through the channel (messages above one packet go as several).
+    #[arg(long, value_enum, default_value = "p2p")]
+    layer: LayerArg,
+}
+
+/// Bytes a bandwidth round aims to move.
+const BW_ROUND_BYTES: u64 = 256 << 20;
+
+/// Single-thread memcpy bandwidth for `size`-byte copies between two buffers that are
+/// reused, as the benchmark's own buffers are: MiB/s.
+fn memcpy_mib_s(size: usize) -> f64 {
+    let mut src = measure::PageAligned::new(size.max(1));
+    src.fill(0x5a);
+    let mut dst = measure::PageAligned::new(size.max(1));
+    dst.copy_from_slice(&src);
+    let reps = (BW_ROUND_BYTES / size.max(1) as u64).clamp(4, 1 << 20);
+    let t = std::time::Instant::now();
+    for _ in 0..reps {
+        dst.copy_from_slice(std::hint::black_box(&*src));
+        std::hint::black_box(&mut *dst);
+    }
+    (reps * size as u64) as f64 / t.elapsed().as_secs_f64() / 1048576.0
+}
+
+fn strategy_arg(name: &str) -> Result<Option<nemesis_lmt::Strategy>> {
+    match name.trim().to_ascii_lowercase().as_str() {
+        "auto" => Ok(None),
+        n => nemesis_lmt::Strategy::ALL
+            .into_iter()
+            .find(|s| s.name() == n)
+            .map(Some)
+            .ok_or_else(|| {
+                anyhow::anyhow!("--lmt {n}: expected auto, chunks, cma, cma-put, ring or vmsplice")
+            }),
+    }
+}
+
+fn bandwidth_p2p(pair: &mut Pair, a: &BwArgs, json: bool) -> Result<()> {
+    let lmts = a
+        .lmt
+        .iter()
+        .map(|n| strategy_arg(n))
+        .collect::<Result<Vec<_>>>()?;
+    let eager = nemesis::p2p::Config::from_env(pair.channel().max_payload())?.eager_limit;
+    if !json {
+        println!(
+            "# nemesis two-sided bandwidth (window of {} non-blocking sends), {}",
+            a.window,
+            pinning(pair)
+        );
+        println!("# memcpy: one thread copying the same size between two reused buffers, same run");
+        println!("# probe: the cache-line ping-pong of the same pair (near: the CPUs share a cache)");
+        println!(
+            "# {:>7} {:>9} {:>9} {:>10} {:>12} {:>6} {:>9}  placement",
+            "size", "lmt", "used", "MiB/s", "memcpy MiB/s", "ratio", "probe ns"
+        );
+    }
+    for &size in &a.sizes {
+        let iters = (BW_ROUND_BYTES / (size.max(1) as u64 * a.window)).clamp(1, a.iters);
+        let warmup = a.warmup.min(iters);
+        let mut secs = vec![Vec::new(); lmts.len()];
+        let mut copy = Vec::new();
+        let mut probe = Vec::new();
+        for r in 0..a.rounds {
+            pair.probe(2_000, 200, &mut probe)?;
+            for (i, &lmt) in lmts.iter().enumerate() {
+                let name = lmt.map_or("auto", |s| s.name());
+                progress(&format!("bw {size} B {name}: round {}/{}", r + 1, a.rounds));
+                secs[i].push(pair.stream_p2p(size, a.window, iters, warmup, lmt)?);
+            }
+            copy.push(memcpy_mib_s(size));
+        }
+        progress_done();
+        let memcpy = median(copy);
+        let clock = pair.clock();
+        let probe_ns = median(probe.into_iter().map(|t| clock.ns(t) / 2.0).collect());
+        let bytes = (size as u64 * a.window * iters) as f64;
+        for (i, &lmt) in lmts.iter().enumerate() {
+            let mib = bytes / median(std::mem::take(&mut secs[i])) / 1048576.0;
+            let name = lmt.map_or("auto", |s| s.name());
+            let used = if size <= eager {
+                "eager"
+            } else {
+                lmt.unwrap_or_else(|| pair.auto_lmt(size)).name()
+            };
+            if json {
+                Json::row("bw", "p2p", size)
+                    .s("lmt", name)
+                    .s("used", used)
+                    .f("mib_s", mib)
+                    .f("memcpy_mib_s", memcpy)
+                    .f("ratio", mib / memcpy)
+                    .f("probe_ns", probe_ns)
+                    .s("placement", placement(probe_ns))
+                    .u("window", a.window)
+                    .print();
+            } else {
+                println!(
+                    "{size:>9} {name:>9} {used:>9} {mib:>10.0} {memcpy:>12.0} {:>6.2} {probe_ns:>9.0}  {}",
+                    mib / memcpy,
+                    placement(probe_ns)
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 #[derive(Args, Debug, Clone)]
@@ -517,7 +654,19 @@ fn run(cli: Cli) -> Result<()> {
         }
         Some(Cmd::Bw(a)) => {
             let mut pair = Pair::start(!a.no_pin)?;
-            bandwidth(&mut pair, &a, cli.json)?;
+            if a.layer == LayerArg::Channel {
+                let s = StreamArgs {
+                    sizes: a.sizes.clone(),
+                    window: a.window,
+                    iters: a.iters,
+                    warmup: a.warmup,
+                    rounds: a.rounds,
+                    no_pin: a.no_pin,
+                };
+                bandwidth(&mut pair, &s, cli.json)?;
+            } else {
+                bandwidth_p2p(&mut pair, &a, cli.json)?;
+            }
             pair.finish()?;
         }
         Some(Cmd::Msgrate(a)) => {
@@ -530,13 +679,13 @@ fn run(cli: Cli) -> Result<()> {
         Some(Cmd::Memory(a)) => memory(&a, cli.json)?,
         None => {
             let lat = LatencyArgs::parse_defaults();
-            let bw = StreamArgs::parse_defaults();
+            let bw = BwArgs::parse_defaults();
             let mut pair = Pair::start(true)?;
             latency(&mut pair, &lat, cli.json)?;
             if !cli.json {
                 println!();
             }
-            bandwidth(&mut pair, &bw, cli.json)?;
+            bandwidth_p2p(&mut pair, &bw, cli.json)?;
             pair.finish()?;
         }
     }

@@ -40,6 +40,7 @@ const OP_SINK: u32 = 3;
 const OP_QUIT: u32 = 4;
 const OP_FLOOR: u32 = 5;
 const OP_ECHO_P2P: u32 = 6;
+const OP_SINK_P2P: u32 = 7;
 
 /// Which layer a latency measurement goes through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -440,6 +441,55 @@ impl Pair {
         Ok(start.elapsed().as_secs_f64())
     }
 
+    /// osu_bw-style streaming through two-sided messaging: `warmup + iters` windows of
+    /// `window` non-blocking sends of `size` bytes, each window acknowledged by a
+    /// message back. Both sides use large-message strategy `lmt` (`None`: automatic).
+    /// Returns the seconds the last `iters` windows took.
+    pub fn stream_p2p(
+        &mut self,
+        size: usize,
+        window: u64,
+        iters: u64,
+        warmup: u64,
+        lmt: Option<nemesis_lmt::Strategy>,
+    ) -> Result<f64> {
+        let code = lmt.map_or(0, |s| s as u64 + 1);
+        set_lmt(&mut self.ch, code)?;
+        self.command(OP_SINK_P2P, [warmup + iters, window | code << 32, size as u64])?;
+        let other = |e: crate::P2pError| MeasureError::Other(e.to_string());
+        let mut msg_buf = PageAligned::new(size);
+        msg_buf.fill(0x5a);
+        let msg = &*msg_buf;
+        let mut ack = [0u8; 4];
+        let mut w = crate::World::new(&mut self.ch).map_err(other)?;
+        let c = w.comm();
+        let mut start = Instant::now();
+        for it in 0..warmup + iters {
+            if it == warmup {
+                start = Instant::now();
+            }
+            w.scope(|s| {
+                let reqs = (0..window)
+                    .map(|_| s.isend(&c, 1, 1, msg))
+                    .collect::<std::result::Result<Vec<_>, _>>()?;
+                s.waitall(reqs).map(|_| ())
+            })
+            .map_err(other)?;
+            w.recv(&c, 1, 2, &mut ack).map_err(other)?;
+        }
+        Ok(start.elapsed().as_secs_f64())
+    }
+
+    /// The strategy automatic selection gives a message of `size` bytes between the two.
+    pub fn auto_lmt(&mut self, size: usize) -> nemesis_lmt::Strategy {
+        let lmt = self.ch.local_lmt();
+        let keep = lmt.policy();
+        let _ = lmt.set_policy(nemesis_lmt::Policy { force: None, ..keep });
+        let s = lmt.would_choose(size);
+        let _ = lmt.set_policy(keep);
+        s
+    }
+
     /// Tells the partner to quit and waits for it.
     pub fn finish(mut self) -> Result<()> {
         self.ch.send_bytes(1, ctrl(OP_QUIT), &args_bytes([0; 3]))?;
@@ -528,6 +578,21 @@ fn partner() -> Result<()> {
                     }
                 }
             }
+            OP_SINK_P2P => {
+                let (window, code, size) = (arg & 0xffff_ffff, arg >> 32, args_of(&buf[..len])?[2]);
+                set_lmt(&mut ch, code)?;
+                ch.send_bytes(0, ack, &[])?;
+                let other = |e: crate::P2pError| MeasureError::Other(e.to_string());
+                let mut w = crate::World::new(&mut ch).map_err(other)?;
+                let c = w.comm();
+                let mut sink = PageAligned::new(size as usize);
+                for _ in 0..count {
+                    for _ in 0..window {
+                        w.recv(&c, 0, 1, &mut sink).map_err(other)?;
+                    }
+                    w.send(&c, 0, 2, &[0; 4]).map_err(other)?;
+                }
+            }
             OP_QUIT => {
                 ch.flush(Duration::from_secs(10))?;
                 return Ok(());
@@ -535,6 +600,58 @@ fn partner() -> Result<()> {
             op => return Err(MeasureError::Protocol(format!("unknown op {op}"))),
         }
     }
+}
+
+/// A buffer that starts on a page boundary, as benchmark buffers do (osu's too): two
+/// heap buffers a few bytes apart modulo 4096 can make copies between them many times
+/// slower (4K aliasing), which would measure the allocator rather than the transport.
+#[derive(Debug)]
+pub struct PageAligned {
+    v: Vec<u8>,
+    off: usize,
+    len: usize,
+}
+
+impl PageAligned {
+    /// `len` zero bytes on a page boundary.
+    pub fn new(len: usize) -> Self {
+        let v = vec![0u8; len + 4096];
+        let off = v.as_ptr().align_offset(4096).min(4096);
+        Self { v, off, len }
+    }
+}
+
+impl std::ops::Deref for PageAligned {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.v[self.off..self.off + self.len]
+    }
+}
+
+impl std::ops::DerefMut for PageAligned {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.v[self.off..self.off + self.len]
+    }
+}
+
+/// Sets the large-message policy of `ch` from a strategy code (0: automatic, else the
+/// wire code plus one), keeping the rest of the policy.
+fn set_lmt(ch: &mut ShmChannel, code: u64) -> Result<()> {
+    let force = match code {
+        0 => None,
+        c => Some(
+            u8::try_from(c - 1)
+                .ok()
+                .and_then(nemesis_lmt::Strategy::from_code)
+                .ok_or_else(|| MeasureError::Protocol(format!("unknown strategy code {c}")))?,
+        ),
+    };
+    let lmt = ch.local_lmt();
+    let p = nemesis_lmt::Policy {
+        force,
+        ..lmt.policy()
+    };
+    lmt.set_policy(p).map_err(|e| MeasureError::Other(e.to_string()))
 }
 
 /// The result of a ring run.
