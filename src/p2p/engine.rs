@@ -468,14 +468,15 @@ impl Engine {
         Ok(())
     }
 
-    /// Whether a large message is under way, so a blocked operation keeps polling
-    /// (yielding the CPU between polls) rather than sleep: data that moves without
-    /// packets arriving needs it, and a peer's CTS or DONE is answered without a
-    /// wake-up's delay, which would otherwise cost as much as moving a megabyte.
+    /// Whether a large message is being moved, so a blocked operation keeps polling
+    /// (pausing between polls) rather than sleep: data that moves without packets
+    /// arriving needs it, and the peer's next step is answered without a wake-up's
+    /// delay, which can cost as much as moving a megabyte. A send still waiting for its
+    /// receiver to match it does not count: that may take any time.
     pub(super) fn lmt_busy(&self) -> bool {
         !self.lmt_active.is_empty()
             || self.reqs.values().any(|r| match r {
-                Req::Send(s) => !matches!(s.state, SState::Done),
+                Req::Send(s) => !matches!(s.state, SState::Done | SState::WaitCts),
                 Req::Recv(rr) => matches!(rr.state, RState::Rndv { .. }),
             })
     }
