@@ -13,7 +13,7 @@ pub const DEFAULT_RING: RingGeometry = RingGeometry {
 /// Below this many bytes, automatic selection moves data in chunks through the queue
 /// cells even when a single-copy strategy is possible: the system call and the page
 /// walks of CMA cost more than the second copy of a small message.
-pub const AUTO_CMA_MIN: usize = 16 << 10;
+pub const AUTO_CMA_MIN: usize = 32 << 10;
 
 /// From this many bytes, automatic selection prefers the copy ring to CMA: both
 /// processes copy at once, a slot apart, and the ring stays in cache, where CMA's
