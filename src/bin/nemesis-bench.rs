@@ -496,8 +496,10 @@ fn bandwidth(pair: &mut Pair, a: &StreamArgs, json: bool) -> Result<()> {
         println!("# {:>7} {:>10} {:>10}", "size", "MB/s", "MiB/s");
     }
     for &size in &a.sizes {
-        let s = stream_median(pair, "bw", size, a.window, a.iters, a.warmup, a.rounds)?;
-        let bytes = (size as u64 * a.window * a.iters) as f64;
+        // Large sizes get fewer windows, so a round moves about BW_ROUND_BYTES.
+        let iters = (BW_ROUND_BYTES / (size.max(1) as u64 * a.window)).clamp(1, a.iters);
+        let s = stream_median(pair, "bw", size, a.window, iters, a.warmup.min(iters), a.rounds)?;
+        let bytes = (size as u64 * a.window * iters) as f64;
         let (mb, mib) = (bytes / s / 1e6, bytes / s / (1024.0 * 1024.0));
         if json {
             Json::row("bw", "channel", size)
