@@ -117,16 +117,16 @@ pub(crate) unsafe fn step(pid: i32, x: &mut Xfer, bufs: &[Seg], step: usize) -> 
     if n == 0 {
         return Ok(());
     }
+    // The two lists may cover different lengths (each stops at IOV_MAX pieces): the
+    // kernel moves as much as the shorter covers, and `done` advances by that.
     let (l, ln) = iov::local(bufs, x.at, n);
-    let (r, rn) = iov::remote(&x.remote, x.done, ln);
-    if l.is_empty() || r.is_empty() || rn == 0 {
+    let (r, rn) = iov::remote(&x.remote, x.done, n);
+    if ln == 0 || rn == 0 {
         return Err(LmtError::BadCookie {
             peer: x.peer,
             why: format!("no memory left to move at byte {} of {}", x.done, x.total),
         });
     }
-    // The local list may cover more than the remote one gave (piece limits): trim it.
-    let (l, _) = iov::local(bufs, x.at, rn);
     // SAFETY: the local pieces are inside `bufs` (the caller's contract); the remote
     // ones are checked by the kernel against the peer's address space.
     let moved = unsafe {

@@ -40,6 +40,28 @@ pub struct LocalLmt {
     broken: HashSet<(u32, Strategy)>,
 }
 
+/// Claims `peer`'s receiving end in `ends`, made with `make` on first use: `Some(true)`
+/// when claimed, `Some(false)` when another transfer holds it, `None` when it cannot be
+/// made.
+fn claim_in<T>(
+    ends: &mut HashMap<u32, Claimed<T>>,
+    peer: u32,
+    make: impl FnOnce() -> Result<T, LmtError>,
+) -> Option<bool> {
+    match ends.get_mut(&peer) {
+        Some(c) if c.busy => Some(false),
+        Some(c) => {
+            c.busy = true;
+            Some(true)
+        }
+        None => {
+            let end = make().ok()?;
+            ends.insert(peer, Claimed { end, busy: true });
+            Some(true)
+        }
+    }
+}
+
 /// Refuses a policy that forces CMA where it is refused (`cma_refused` says why).
 fn check_forced(policy: Policy, cma_refused: Option<&str>) -> Result<(), LmtError> {
     match (policy.force, cma_refused) {
@@ -49,6 +71,18 @@ fn check_forced(policy: Policy, cma_refused: Option<&str>) -> Result<(), LmtErro
             reason: format!("cross-memory attach is not permitted here ({why}); use auto or ring"),
         }),
         _ => Ok(()),
+    }
+}
+
+/// The strategies automatic selection tries for `len` bytes, best first (chunks, the
+/// fallback, after them).
+fn auto_order(len: usize) -> &'static [Strategy] {
+    if len >= AUTO_RING_MIN {
+        &[Strategy::Ring, Strategy::Cma]
+    } else if len >= AUTO_CMA_MIN {
+        &[Strategy::Cma, Strategy::Ring]
+    } else {
+        &[]
     }
 }
 
@@ -108,16 +142,13 @@ impl LocalLmt {
         Ok(())
     }
 
-    /// The strategy a message of `len` bytes to a local peer gets when both sides share
-    /// this policy and nothing is busy.
-    pub fn would_choose(&self, len: usize) -> Strategy {
-        self.preferred(len)
-            .into_iter()
-            .find(|&s| {
-                s == Strategy::Chunks
-                    || self.cma_refused.is_none()
-                    || !matches!(s, Strategy::Cma | Strategy::CmaPut)
-            })
+    /// The strategy automatic selection gives a message of `len` bytes to a local peer
+    /// whose intermediate buffers are free, whatever this side's policy forces.
+    pub fn auto_choice(&self, len: usize) -> Strategy {
+        auto_order(len)
+            .iter()
+            .copied()
+            .find(|&s| self.permitted(s))
             .unwrap_or(Strategy::Chunks)
     }
 
@@ -150,62 +181,40 @@ impl LocalLmt {
         }
     }
 
+    /// Whether this system lets `s` run at all.
+    fn permitted(&self, s: Strategy) -> bool {
+        !matches!(s, Strategy::Cma | Strategy::CmaPut) || self.cma_refused.is_none()
+    }
+
     /// Whether `s` can carry a transfer with `peer` as far as this side knows.
     fn possible(&self, peer: u32, s: Strategy) -> bool {
-        match s {
-            Strategy::Chunks => true,
-            Strategy::Cma | Strategy::CmaPut => self.cma_refused.is_none(),
-            Strategy::Ring | Strategy::Vmsplice => !self.broken.contains(&(peer, s)),
-        }
+        self.permitted(s) && !self.broken.contains(&(peer, s))
     }
 
     /// The strategies that this side's policy would use for `len` bytes, best first.
     fn preferred(&self, len: usize) -> Vec<Strategy> {
         match self.policy.force {
             Some(s) => vec![s],
-            None if len >= AUTO_RING_MIN => vec![Strategy::Ring, Strategy::Cma],
-            None if len >= AUTO_CMA_MIN => vec![Strategy::Cma, Strategy::Ring],
-            None => vec![],
+            None => auto_order(len).to_vec(),
         }
     }
 
     /// Claims the receiving end of `s` with `peer`, making it on first use.
     fn claim(&mut self, peer: u32, s: Strategy) -> bool {
-        let result = match s {
-            Strategy::Ring => match self.ring_in.get_mut(&peer) {
-                Some(c) if c.busy => return false,
-                Some(c) => {
-                    c.busy = true;
-                    return true;
-                }
-                None => RingEnd::create(
-                    &self.dir,
-                    &file_name(&self.prefix, "ring", peer, self.me),
-                    self.policy.ring,
-                )
-                .map(|end| {
-                    self.ring_in.insert(peer, Claimed { end, busy: true });
-                }),
-            },
-            Strategy::Vmsplice => match self.pipe_in.get_mut(&peer) {
-                Some(c) if c.busy => return false,
-                Some(c) => {
-                    c.busy = true;
-                    return true;
-                }
-                None => {
-                    pipe::PipeIn::create(&self.dir, &file_name(&self.prefix, "pipe", peer, self.me), peer)
-                        .map(|end| {
-                            self.pipe_in.insert(peer, Claimed { end, busy: true });
-                        })
-                }
-            },
-            _ => return true,
+        let (dir, me, geo) = (&self.dir, self.me, self.policy.ring);
+        let ok = match s {
+            Strategy::Ring => claim_in(&mut self.ring_in, peer, || {
+                RingEnd::create(dir, &file_name(&self.prefix, "ring", peer, me), geo)
+            }),
+            Strategy::Vmsplice => claim_in(&mut self.pipe_in, peer, || {
+                pipe::PipeIn::create(dir, &file_name(&self.prefix, "pipe", peer, me), peer)
+            }),
+            _ => Some(true),
         };
-        if result.is_err() {
+        if ok.is_none() {
             self.broken.insert((peer, s));
         }
-        result.is_ok()
+        ok == Some(true)
     }
 
     /// Checks a file name that came from the peer in a CTS.
@@ -413,18 +422,13 @@ impl Lmt for LocalLmt {
             return;
         }
         if x.role == Role::Recv {
-            match x.strategy {
-                Strategy::Ring => {
-                    if let Some(c) = self.ring_in.get_mut(&x.peer) {
-                        c.busy = false;
-                    }
-                }
-                Strategy::Vmsplice => {
-                    if let Some(c) = self.pipe_in.get_mut(&x.peer) {
-                        c.busy = false;
-                    }
-                }
-                _ => {}
+            let busy = match x.strategy {
+                Strategy::Ring => self.ring_in.get_mut(&x.peer).map(|c| &mut c.busy),
+                Strategy::Vmsplice => self.pipe_in.get_mut(&x.peer).map(|c| &mut c.busy),
+                _ => None,
+            };
+            if let Some(b) = busy {
+                *b = false;
             }
         }
     }

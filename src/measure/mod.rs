@@ -482,12 +482,7 @@ impl Pair {
 
     /// The strategy automatic selection gives a message of `size` bytes between the two.
     pub fn auto_lmt(&mut self, size: usize) -> nemesis_lmt::Strategy {
-        let lmt = self.ch.local_lmt();
-        let keep = lmt.policy();
-        let _ = lmt.set_policy(nemesis_lmt::Policy { force: None, ..keep });
-        let s = lmt.would_choose(size);
-        let _ = lmt.set_policy(keep);
-        s
+        self.ch.local_lmt().auto_choice(size)
     }
 
     /// Tells the partner to quit and waits for it.

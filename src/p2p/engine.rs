@@ -36,7 +36,7 @@ const TIGHT_POLLS: u32 = 256;
 /// (cancelling, copying, or waiting for the peer) before the borrow can end. See
 /// `scope.rs`. The engine lives inside a World, which a scope borrows mutably for as
 /// long as any lent buffer exists, so the World cannot move to another thread meanwhile.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum Bufs {
     One(Seg),
     Many(Box<[Seg]>),
@@ -64,9 +64,9 @@ impl Bufs {
     pub(crate) unsafe fn write_at(&self, off: usize, data: &[u8]) {
         if let Bufs::One(s) = self {
             if off < s.len && !s.ptr.is_null() {
-                let n = data.len().min(s.len - off);
-                // SAFETY: `off + n <= len`, inside the lent piece.
-                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), s.ptr.add(off), n) };
+                // SAFETY: `off < len`: the rest of the lent piece, which nothing else uses.
+                let dst = unsafe { std::slice::from_raw_parts_mut(s.ptr.add(off), s.len - off) };
+                nemesis_shm::region::copy_into(dst, data);
             }
             return;
         }
@@ -305,7 +305,14 @@ pub(crate) struct Engine {
 }
 
 #[inline(always)]
-fn selected(ctx: u32, src: Option<u32>, tag: Option<i32>, p_ctx: u32, p_src: u32, p_tag: i32) -> bool {
+pub(super) fn selected(
+    ctx: u32,
+    src: Option<u32>,
+    tag: Option<i32>,
+    p_ctx: u32,
+    p_src: u32,
+    p_tag: i32,
+) -> bool {
     ctx == p_ctx && src.is_none_or(|s| s == p_src) && tag.is_none_or(|t| t == p_tag)
 }
 
@@ -360,18 +367,8 @@ impl Engine {
 
     /// Copies an eager payload into a receive buffer and completes the receive.
     pub(super) fn deliver_eager(rr: &mut RecvReq, src: u32, tag: i32, data: &[u8]) {
-        match &rr.bufs {
-            Bufs::One(s) => {
-                let n = data.len().min(s.len);
-                if n > 0 && !s.ptr.is_null() {
-                    // SAFETY: the buffer is lent for `len` bytes (see `Bufs`), `n <= len`.
-                    let dst = unsafe { std::slice::from_raw_parts_mut(s.ptr, n) };
-                    nemesis_shm::region::copy_into(dst, &data[..n]);
-                }
-            }
-            // SAFETY: the buffer is lent (see `Bufs`).
-            many => unsafe { many.write_at(0, data) },
-        }
+        // SAFETY: the buffer is lent (see `Bufs`) and not otherwise in use.
+        unsafe { rr.bufs.write_at(0, data) };
         let source = rr.comm.rank_of(src).unwrap_or(src);
         rr.result = Some(if data.len() > rr.cap {
             Err(P2pError::Truncated {
@@ -688,6 +685,17 @@ impl<C: Channel> World<C> {
         }
     }
 
+    /// Waits for request `id`, whose buffer is lent only for the call, and finishes it;
+    /// on failure the request is released, so the buffer is never touched again.
+    pub(crate) fn block_on(&mut self, id: u32) -> Result<Status, P2pError> {
+        let r = self.wait_all_ids(&[id]);
+        if r.is_err() || !self.eng.reqs.get(&id).is_some_and(Req::is_done) {
+            self.release(id);
+            r?;
+        }
+        self.finish(id)
+    }
+
     /// Takes the result of a complete request and forgets it.
     pub(crate) fn finish(&mut self, id: u32) -> Result<Status, P2pError> {
         match self.eng.reqs.remove(&id) {
@@ -697,7 +705,7 @@ impl<C: Channel> World<C> {
         }
     }
 
-    fn check_tag(tag: i32) -> Result<(), P2pError> {
+    pub(crate) fn check_tag(tag: i32) -> Result<(), P2pError> {
         if tag < 0 {
             Err(P2pError::InvalidTag(tag))
         } else {
@@ -819,15 +827,7 @@ impl<C: Channel> World<C> {
     ) -> Result<(), P2pError> {
         match self.start_send(c, dest, tag, ctx, buf)? {
             None => Ok(()),
-            Some(id) => {
-                let r = self.wait_all_ids(&[id]);
-                if r.is_err() || !self.eng.reqs.get(&id).is_some_and(Req::is_done) {
-                    // The buffer is only lent for this call.
-                    self.release(id);
-                    r?;
-                }
-                self.finish(id).map(|_| ())
-            }
+            Some(id) => self.block_on(id).map(|_| ()),
         }
     }
 
@@ -917,12 +917,7 @@ impl<C: Channel> World<C> {
         buf: &mut [u8],
     ) -> Result<Status, P2pError> {
         let id = self.start_recv(c, src, tag, ctx, Bufs::One(Seg::of_mut(buf)), buf.len())?;
-        let r = self.wait_all_ids(&[id]);
-        if r.is_err() || !self.eng.reqs.get(&id).is_some_and(Req::is_done) {
-            self.release(id);
-            r?;
-        }
-        self.finish(id)
+        self.block_on(id)
     }
 
     /// A blocking receive with nothing posted and nothing matching waiting: fresh packets
@@ -1033,12 +1028,7 @@ impl<C: Channel> World<C> {
         };
         let id = self.eng.accept_rts(rr, peer, rts, tag);
         self.eng.flush(&mut self.ch)?;
-        let r = self.wait_all_ids(&[id]);
-        if r.is_err() || !self.eng.reqs.get(&id).is_some_and(Req::is_done) {
-            self.release(id);
-            r?;
-        }
-        self.finish(id)
+        self.block_on(id)
     }
 
     pub(crate) fn peer_failed(&mut self, c: &Arc<CommInner>, src: Option<u32>) -> Option<P2pError> {

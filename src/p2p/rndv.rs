@@ -17,7 +17,7 @@
 use super::comm::CommInner;
 use super::engine::{
     Body, Bufs, CTS, DATA, DONE, Engine, FIN, REVOKE, REVOKED, RState, RTS, RecvReq, Req, SState, SendReq,
-    World,
+    World, selected,
 };
 use super::{P2pError, Status};
 use crate::channel::{Channel, Header, SendStatus};
@@ -57,6 +57,23 @@ struct After {
     forget: bool,
 }
 
+impl After {
+    /// More to do at the next chores, nothing to send now.
+    const KEEP: After = After {
+        keep: true,
+        ctrl: None,
+        forget: false,
+    };
+}
+
+/// What a send moves from: its buffer, or the copy it took when it was let go.
+fn source<'a>(bufs: &'a Bufs, owned: &'a Option<Vec<u8>>) -> std::borrow::Cow<'a, Bufs> {
+    match owned {
+        Some(v) => std::borrow::Cow::Owned(Bufs::One(Seg::of(v))),
+        None => std::borrow::Cow::Borrowed(bufs),
+    }
+}
+
 impl Engine {
     /// The RTS in `payload`, or `None` (and a fault) if it is malformed.
     pub(super) fn parse_rts(&mut self, src: u32, send_id: u32, payload: &[u8]) -> Option<Rts> {
@@ -94,7 +111,7 @@ impl Engine {
         if let Some(i) = self
             .posted
             .iter()
-            .position(|q| q.ctx == ctx && q.src.is_none_or(|s| s == src) && q.tag.is_none_or(|t| t == tag))
+            .position(|q| selected(q.ctx, q.src, q.tag, ctx, src, tag))
         {
             let q = self.posted.remove(i).expect("position is in range");
             if let Some(Req::Recv(rr)) = self.reqs.remove(&q.id) {
@@ -352,14 +369,7 @@ impl Engine {
                 self.pushing.swap_remove(i);
                 continue;
             };
-            let owned;
-            let bufs = match &s.owned {
-                Some(v) => {
-                    owned = Bufs::One(Seg::of(v));
-                    &owned
-                }
-                None => &s.bufs,
-            };
+            let bufs = &*source(&s.bufs, &s.owned);
             while *off < s.len && ch.pending() == 0 {
                 let end = (*off + chunk).min(s.len);
                 let h = Header {
@@ -545,6 +555,19 @@ fn recv_step(lmt: &mut dyn Lmt, id: u32, rr: &mut RecvReq) -> After {
     };
     let (peer, send_id, total) = (*peer, *send_id, *total);
     let rank = rr.comm.rank_of(peer).unwrap_or(peer);
+    // Completes the receive (with `err`, if any) and tells the sender so.
+    let done = |rr: &mut RecvReq, err: Option<LmtError>| {
+        let status = if err.is_some() { FAILED } else { OK };
+        if let Some(e) = err {
+            rr.result = Some(Err(P2pError::Transfer { rank, source: e }));
+        }
+        rr.state = RState::Done;
+        After {
+            ctrl: Some((peer, DONE, send_id, vec![status])),
+            forget: rr.detached,
+            ..After::default()
+        }
+    };
     let chunks = |stage: &mut Stage| {
         *stage = Stage::Chunks { got: 0 };
         After {
@@ -574,15 +597,7 @@ fn recv_step(lmt: &mut dyn Lmt, id: u32, rr: &mut RecvReq) -> After {
                         forget: false,
                     }
                 }
-                Err(e) => {
-                    rr.result = Some(Err(P2pError::Transfer { rank, source: e }));
-                    rr.state = RState::Done;
-                    After {
-                        ctrl: Some((peer, DONE, send_id, vec![FAILED])),
-                        forget: rr.detached,
-                        ..After::default()
-                    }
-                }
+                Err(e) => done(rr, Some(e)),
             }
         }
         Stage::Lmt(x) => {
@@ -594,18 +609,10 @@ fn recv_step(lmt: &mut dyn Lmt, id: u32, rr: &mut RecvReq) -> After {
                 unsafe { lmt.progress(x, rr.bufs.segs()) }
             };
             match r {
-                Ok(false) => After {
-                    keep: true,
-                    ..After::default()
-                },
+                Ok(false) => After::KEEP,
                 Ok(true) => {
                     lmt.end(x);
-                    rr.state = RState::Done;
-                    After {
-                        ctrl: Some((peer, DONE, send_id, vec![OK])),
-                        forget: rr.detached,
-                        ..After::default()
-                    }
+                    done(rr, None)
                 }
                 Err(LmtError::NotPermitted { .. }) if x.done == 0 && x.strategy == Strategy::Cma => {
                     // Refused before anything moved: chunks instead.
@@ -614,13 +621,7 @@ fn recv_step(lmt: &mut dyn Lmt, id: u32, rr: &mut RecvReq) -> After {
                 }
                 Err(e) => {
                     lmt.end(x);
-                    rr.result = Some(Err(P2pError::Transfer { rank, source: e }));
-                    rr.state = RState::Done;
-                    After {
-                        ctrl: Some((peer, DONE, send_id, vec![FAILED])),
-                        forget: rr.detached,
-                        ..After::default()
-                    }
+                    done(rr, Some(e))
                 }
             }
         }
@@ -631,12 +632,16 @@ fn recv_step(lmt: &mut dyn Lmt, id: u32, rr: &mut RecvReq) -> After {
 /// One step of a large send that the LMT carries.
 fn send_step(lmt: &mut dyn Lmt, s: &mut SendReq) -> After {
     let rank = s.comm.rank_of(s.dest).unwrap_or(s.dest);
-    let fail = |s: &mut SendReq, recv_id: u32, e: LmtError| {
-        s.result = Some(Err(P2pError::Transfer { rank, source: e }));
+    // Completes the send (with `err`, if any) and tells the receiver so.
+    let done = |s: &mut SendReq, recv_id: u32, err: Option<LmtError>| {
+        let status = if err.is_some() { FAILED } else { OK };
+        if let Some(e) = err {
+            s.result = Some(Err(P2pError::Transfer { rank, source: e }));
+        }
         s.state = SState::Done;
         s.owned = None;
         After {
-            ctrl: Some((s.dest, FIN, recv_id, vec![FAILED])),
+            ctrl: Some((s.dest, FIN, recv_id, vec![status])),
             forget: s.detached,
             ..After::default()
         }
@@ -651,40 +656,21 @@ fn send_step(lmt: &mut dyn Lmt, s: &mut SendReq) -> After {
             match lmt.start_send(s.dest, *strategy, cookie, s.len) {
                 Ok(x) => {
                     s.state = SState::Lmt { recv_id, x };
-                    After {
-                        keep: true,
-                        ..After::default()
-                    }
+                    After::KEEP
                 }
-                Err(e) => fail(s, recv_id, e),
+                Err(e) => done(s, recv_id, Some(e)),
             }
         }
         SState::Lmt { recv_id, x } => {
             let recv_id = *recv_id;
-            let owned;
-            let segs = match &s.owned {
-                Some(v) => {
-                    owned = [Seg::of(v)];
-                    &owned[..]
-                }
-                None => s.bufs.segs(),
-            };
+            let src = source(&s.bufs, &s.owned);
             // SAFETY: the send buffer (or its copy) is lent for the whole transfer.
-            match unsafe { lmt.progress(x, segs) } {
-                Ok(false) => After {
-                    keep: true,
-                    ..After::default()
-                },
+            match unsafe { lmt.progress(x, src.segs()) } {
+                Ok(false) => After::KEEP,
                 Ok(true) => {
                     lmt.end(x);
                     if x.strategy.mode() == Mode::Put {
-                        s.state = SState::Done;
-                        s.owned = None;
-                        After {
-                            ctrl: Some((s.dest, FIN, recv_id, vec![OK])),
-                            forget: s.detached,
-                            ..After::default()
-                        }
+                        done(s, recv_id, None)
                     } else {
                         s.state = SState::WaitDone;
                         After::default()
@@ -692,7 +678,7 @@ fn send_step(lmt: &mut dyn Lmt, s: &mut SendReq) -> After {
                 }
                 Err(e) => {
                     lmt.end(x);
-                    fail(s, recv_id, e)
+                    done(s, recv_id, Some(e))
                 }
             }
         }
@@ -826,9 +812,7 @@ impl<C: Channel> World<C> {
         bufs: &[&[u8]],
     ) -> Result<(), P2pError> {
         let c = self.check_comm(comm)?.clone();
-        if tag < 0 {
-            return Err(P2pError::InvalidTag(tag));
-        }
+        Self::check_tag(tag)?;
         let segs: Box<[Seg]> = bufs.iter().map(|b| Seg::of(b)).collect();
         let len = segs.iter().map(|s| s.len).sum();
         match self.start_send_bufs(&c, dest, tag, c.ctx, Bufs::Many(segs), len)? {
@@ -848,22 +832,12 @@ impl<C: Channel> World<C> {
     ) -> Result<Status, P2pError> {
         let c = self.check_comm(comm)?.clone();
         let tag = tag.into();
-        if let Some(t) = tag.filter(|t| *t < 0) {
-            return Err(P2pError::InvalidTag(t));
+        if let Some(t) = tag {
+            Self::check_tag(t)?;
         }
         let segs: Box<[Seg]> = bufs.iter_mut().map(|b| Seg::of_mut(b)).collect();
         let len = segs.iter().map(|s| s.len).sum();
         let id = self.start_recv(&c, src.into(), tag, c.ctx, Bufs::Many(segs), len)?;
         self.block_on(id)
-    }
-
-    /// Waits for request `id`, whose buffer is lent only for the call, and finishes it.
-    pub(crate) fn block_on(&mut self, id: u32) -> Result<Status, P2pError> {
-        let r = self.wait_all_ids(&[id]);
-        if r.is_err() || !self.eng.reqs.get(&id).is_some_and(Req::is_done) {
-            self.release(id);
-            r?;
-        }
-        self.finish(id)
     }
 }

@@ -195,9 +195,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
     ) -> Result<Request<'scope>, P2pError> {
         let mut w = self.world();
         let c = w.check_comm(comm)?;
-        if tag < 0 {
-            return Err(P2pError::InvalidTag(tag));
-        }
+        World::<C>::check_tag(tag)?;
         let id = w.start_send(c, dest, tag, c.ctx, buf)?;
         let mut r = self.request(
             &w,
@@ -227,8 +225,8 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         let mut w = self.world();
         let c = w.check_comm(comm)?;
         let tag = tag.into();
-        if let Some(t) = tag.filter(|t| *t < 0) {
-            return Err(P2pError::InvalidTag(t));
+        if let Some(t) = tag {
+            World::<C>::check_tag(t)?;
         }
         let (ptr, len) = (buf.as_mut_ptr(), buf.len());
         let id = w.start_recv(c, src.into(), tag, c.ctx, Bufs::One(Seg::of_mut(buf)), len)?;
@@ -247,9 +245,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
     ) -> Result<Request<'scope>, P2pError> {
         let mut w = self.world();
         let c = w.check_comm(comm)?;
-        if tag < 0 {
-            return Err(P2pError::InvalidTag(tag));
-        }
+        World::<C>::check_tag(tag)?;
         let segs: Box<[Seg]> = bufs.iter().map(|b| Seg::of(b)).collect();
         let len = segs.iter().map(|s| s.len).sum();
         let id = w.start_send_bufs(c, dest, tag, c.ctx, Bufs::Many(segs), len)?;
@@ -276,8 +272,8 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         let mut w = self.world();
         let c = w.check_comm(comm)?;
         let tag = tag.into();
-        if let Some(t) = tag.filter(|t| *t < 0) {
-            return Err(P2pError::InvalidTag(t));
+        if let Some(t) = tag {
+            World::<C>::check_tag(t)?;
         }
         let segs: Box<[Seg]> = bufs.into_iter().map(Seg::of_mut).collect();
         let len = segs.iter().map(|s| s.len).sum();
