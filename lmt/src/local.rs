@@ -558,4 +558,39 @@ mod tests {
             .unwrap_err();
         assert!(matches!(e, LmtError::BadCookie { .. }), "{e}");
     }
+
+    #[test]
+    fn forcing_cma_where_it_is_refused_is_a_config_error_and_nothing_else_is() {
+        for s in [Strategy::Cma, Strategy::CmaPut] {
+            let p = Policy {
+                force: Some(s),
+                ..Policy::default()
+            };
+            let e = check_forced(p, Some("kernel.yama.ptrace_scope is 2")).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    LmtError::Config {
+                        var: "NEMESIS_LMT",
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+            assert!(e.to_string().contains("ptrace_scope is 2"), "{e}");
+            assert!(check_forced(p, None).is_ok());
+        }
+        for force in [
+            None,
+            Some(Strategy::Ring),
+            Some(Strategy::Vmsplice),
+            Some(Strategy::Chunks),
+        ] {
+            let p = Policy {
+                force,
+                ..Policy::default()
+            };
+            assert!(check_forced(p, Some("refused")).is_ok());
+        }
+    }
 }

@@ -1002,3 +1002,80 @@ fn a_cookie_naming_memory_the_peer_does_not_own_or_the_wrong_length_is_a_typed_e
         }
     });
 }
+
+/// The next packet of `kind` that reaches `w`'s channel, read raw (as a broken or
+/// hostile peer would), with its header's `aux` and its payload.
+fn raw_next(w: &mut World, kind: u16) -> (u32, Vec<u8>) {
+    loop {
+        let mut got = None;
+        w.channel()
+            .poll(|p| {
+                if got.is_none() && p.header.kind == kind {
+                    got = Some((p.header.aux, p.payload.to_vec()));
+                }
+            })
+            .unwrap();
+        if let Some(g) = got {
+            return g;
+        }
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn a_failure_on_either_side_of_a_transfer_is_reported_to_the_other() {
+    use super::engine::{CTS, FIN, RTS};
+    job_forced(2, Strategy::Ring, |mut w| {
+        let c = w.comm();
+        let h = |kind, aux| crate::channel::Header {
+            kind,
+            aux,
+            ..Default::default()
+        };
+        if w.rank() == 0 {
+            // 1. Our send gets a CTS naming a ring that is not there: it fails here, and
+            //    FIN tells the receiver.
+            let data = vec![3u8; 100_000];
+            let e = w.send(&c, 1, 0, &data).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    P2pError::Transfer {
+                        rank: 1,
+                        source: LmtError::BadCookie { peer: 1, .. }
+                    }
+                ),
+                "{e}"
+            );
+            // 2. As a broken sender (once rank 1 no longer reads raw): offer the ring,
+            //    then report a failure after the CTS.
+            w.recv(&c, 1, 5, &mut [0u8; 1]).unwrap();
+            let mut rts = 100_000u64.to_le_bytes().to_vec();
+            rts.push(Strategies::CHUNKS.with(Strategy::Ring).0);
+            let rts_h = crate::channel::Header { tag: 1, ..h(RTS, 77) };
+            w.channel().send_bytes(1, rts_h, &rts).unwrap();
+            let (send_id, cts) = raw_next(&mut w, CTS);
+            assert_eq!(send_id, 77);
+            let recv_id = u32::from_le_bytes(cts[..4].try_into().unwrap());
+            w.channel().send_bytes(1, h(FIN, recv_id), &[1]).unwrap();
+        } else {
+            // 1. As a broken receiver: answer the RTS with a bogus ring name.
+            let (send_id, _) = raw_next(&mut w, RTS);
+            let mut cts = 9u32.to_le_bytes().to_vec();
+            cts.push(Strategy::Ring as u8);
+            cts.extend_from_slice(b"nemesis-nothing-lmt-ring-0-1");
+            w.channel().send_bytes(0, h(CTS, send_id), &cts).unwrap();
+            let (recv_id, status) = raw_next(&mut w, FIN);
+            assert_eq!(
+                (recv_id, status),
+                (9, vec![1]),
+                "the sender's failure reaches the receiver"
+            );
+            w.send(&c, 0, 5, &[1]).unwrap();
+            // 2. Our receive is told that the sender's side failed.
+            let mut buf = vec![0u8; 100_000];
+            let e = w.recv(&c, 0, 1, &mut buf).unwrap_err();
+            assert!(matches!(e, P2pError::RemoteTransfer { rank: 0 }), "{e}");
+        }
+    });
+}
