@@ -449,7 +449,7 @@ impl Engine {
             Some(Req::Send(s)) => match &s.state {
                 SState::WaitCts => s.offered.has(Strategy::Cma),
                 SState::Lmt { .. } | SState::WaitDone => {
-                    s.owned.is_none() && s.used.is_some_and(|u| u == Strategy::Vmsplice)
+                    s.owned.is_none() && s.used.is_some_and(Strategy::reads_in_place)
                 }
                 _ => false,
             },
