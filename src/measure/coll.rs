@@ -39,7 +39,7 @@ pub fn collectives(procs: u32, iters: u64, rounds: u32) -> Result<Vec<CollRound>
     let (job, mut ch) = start_job(procs, env)?;
     // A partner that dies makes the collectives fail with `PeerFailed`.
     let rows = run(&mut ch, iters, rounds)?;
-    end_job(job)?;
+    end_job(job, std::time::Duration::from_secs(60))?;
     Ok(rows)
 }
 

@@ -489,16 +489,7 @@ impl Pair {
     pub fn finish(mut self) -> Result<()> {
         self.ch.send_bytes(1, ctrl(OP_QUIT), &args_bytes([0; 3]))?;
         self.ch.flush(Duration::from_secs(10))?;
-        let job = self.job.take().expect("job present until finish");
-        let out = job.watch(Watch {
-            grace: Duration::from_secs(5),
-            timeout: Some(Duration::from_secs(30)),
-            report: None,
-        });
-        match out.first_failure {
-            Some((rank, exit)) => Err(MeasureError::PartnerDied { rank, exit }),
-            None => Ok(()),
-        }
+        end_job(self.job.take().expect("job present until finish"), Duration::from_secs(30))
     }
 }
 
@@ -687,11 +678,12 @@ fn start_job(size: u32, env: Vec<(std::ffi::OsString, std::ffi::OsString)>) -> R
     Ok((job, ShmChannel::from_boot(boot)?))
 }
 
-/// Waits for the partners of a job to exit, and fails if one did not exit cleanly.
-fn end_job(job: Job) -> Result<()> {
+/// Waits up to `timeout` for the partners of a job to exit, and fails if one did not
+/// exit cleanly.
+fn end_job(job: Job, timeout: Duration) -> Result<()> {
     let out = job.watch(Watch {
         grace: Duration::from_secs(5),
-        timeout: Some(Duration::from_secs(60)),
+        timeout: Some(timeout),
         report: None,
     });
     match out.first_failure {
@@ -717,7 +709,7 @@ pub fn ring(procs: u32, messages: u64) -> Result<RingResult> {
         let mut alive = Pair::alive_check(&mut job);
         run_ring(&mut ch, messages, &mut alive)?
     };
-    end_job(job.take().expect("job"))?;
+    end_job(job.take().expect("job"), Duration::from_secs(60))?;
     Ok(RingResult {
         procs,
         messages,
