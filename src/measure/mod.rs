@@ -489,7 +489,10 @@ impl Pair {
     pub fn finish(mut self) -> Result<()> {
         self.ch.send_bytes(1, ctrl(OP_QUIT), &args_bytes([0; 3]))?;
         self.ch.flush(Duration::from_secs(10))?;
-        end_job(self.job.take().expect("job present until finish"), Duration::from_secs(30))
+        end_job(
+            self.job.take().expect("job present until finish"),
+            Duration::from_secs(30),
+        )
     }
 }
 
