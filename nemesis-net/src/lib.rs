@@ -4,14 +4,36 @@
 //! `nemesis` crate sends to a remote peer through [`Netmod::send`] under the same rule as
 //! to a local one: the send is accepted, or the netmod answers "again" and the channel
 //! keeps the packet in its per-destination pending list. Connections are lazy: a netmod
-//! learns a peer's address from its business card the first time it sends to it.
+//! asks its [`Cards`] for a peer's business card the first time it needs the peer.
 //!
-//! This crate holds the trait; the tcp, reliable-datagram and verbs modules implement it.
+//! Two modules run on any IP network:
+//!
+//! - [`tcp`]: one connection per peer, length-prefixed frames, `writev`, epoll;
+//! - [`udp`]: one socket for every peer, made reliable by [`reliable`], a sliding window
+//!   per peer with cumulative, coalesced ACKs, NACKs on gaps and retransmission from a
+//!   monotonic clock, all driven by polling: no thread.
+//!
+//! The reliability layer is generic over [`reliable::Datagram`], so a verbs UD module can
+//! reuse it; [`sim`] is a seeded, lossy, reordering, duplicating network for its tests.
+//!
+//! Everything that arrives from the wire is untrusted: frames and datagrams are decoded
+//! and checked before use, and whatever fails a check is dropped or refused with a
+//! counted reason ([`Drops`]), never a panic.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
-use std::fmt;
+pub mod addr;
+mod drops;
+pub mod reliable;
+pub mod sim;
+pub mod tcp;
+pub mod udp;
+
+pub use drops::{DropReason, Drops};
+pub use nemesis_lmt::rdma::Rdma;
+
+use std::time::Duration;
 
 /// The 16-byte header of the layer above, carried without being looked at.
 pub type Envelope = [u64; 2];
@@ -19,81 +41,182 @@ pub type Envelope = [u64; 2];
 /// Whether a netmod took a packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Accept {
-    /// The packet is the netmod's now.
+    /// The packet is the netmod's now; the caller's buffers are free.
     Sent,
     /// No room now; nothing was taken. Try again after polling.
     Again,
 }
 
 /// Why a netmod operation failed.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum NetError {
     /// The peer is gone: its connection closed, or it stopped answering.
+    #[error("peer {rank} failed: {reason}")]
     PeerFailed {
         /// The peer's rank.
         rank: u32,
         /// Why it is considered failed.
         reason: String,
     },
-    /// A business card could not be understood.
+    /// A business card could not be had or understood.
+    #[error("bad business card of rank {rank}: {reason}")]
     BadCard {
         /// The peer's rank.
         rank: u32,
         /// What is wrong.
         reason: String,
     },
-    /// An operating-system error.
-    Io(std::io::Error),
+    /// A rank outside the job.
+    #[error("rank {rank} is out of range: the job has {size} ranks")]
+    InvalidRank {
+        /// The rank given.
+        rank: u32,
+        /// Ranks in the job.
+        size: u32,
+    },
+    /// A payload larger than one packet of this netmod.
+    #[error("packet of {len} bytes is larger than the netmod's maximum of {max} bytes")]
+    TooLarge {
+        /// The payload's length.
+        len: usize,
+        /// The largest payload.
+        max: usize,
+    },
+    /// A configuration variable is unusable.
+    #[error("invalid {var}={value:?}: {reason}")]
+    Config {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// An operating-system error, with what was being done.
+    #[error("{what}: {source}")]
+    Io {
+        /// What failed, for the message.
+        what: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
-impl fmt::Display for NetError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::PeerFailed { rank, reason } => write!(f, "peer {rank} failed: {reason}"),
-            Self::BadCard { rank, reason } => write!(f, "bad business card of rank {rank}: {reason}"),
-            Self::Io(e) => write!(f, "network I/O: {e}"),
+impl NetError {
+    /// An [`NetError::Io`] saying what was being done.
+    pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        Self::Io {
+            what: what.into(),
+            source,
         }
     }
 }
 
-impl std::error::Error for NetError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::Io(e) => Some(e),
-            _ => None,
-        }
+/// Where a netmod finds peers' business cards: the process manager's key-value space
+/// in a job, a table in tests. Asked once per peer, on first contact.
+pub trait Cards: Send {
+    /// `rank`'s business card.
+    ///
+    /// # Errors
+    /// [`NetError::BadCard`] when the card cannot be had.
+    fn card(&mut self, rank: u32) -> Result<Vec<u8>, NetError>;
+}
+
+/// A fixed table of cards, for tests and for jobs that know every address up front.
+impl Cards for Vec<Vec<u8>> {
+    fn card(&mut self, rank: u32) -> Result<Vec<u8>, NetError> {
+        self.get(rank as usize)
+            .filter(|c| !c.is_empty())
+            .cloned()
+            .ok_or_else(|| NetError::BadCard {
+                rank,
+                reason: "no card in the table".into(),
+            })
     }
 }
 
-/// Remote memory access a netmod can offer to large-message transfer and one-sided
-/// operations, when its hardware does RDMA.
-pub trait Rdma {
-    /// Registers `len` bytes at `addr` for remote access; returns a key the peer uses.
-    fn register(&mut self, addr: *mut u8, len: usize) -> Result<u64, NetError>;
-    /// Forgets a registration.
-    fn deregister(&mut self, key: u64) -> Result<(), NetError>;
-    /// Reads `dst.len()` bytes of `peer`'s registered memory at (`key`, `offset`) into
-    /// `dst`; completion is reported by `poll`.
-    fn get(&mut self, peer: u32, key: u64, offset: u64, dst: &mut [u8]) -> Result<Accept, NetError>;
-    /// Writes `src` into `peer`'s registered memory at (`key`, `offset`).
-    fn put(&mut self, peer: u32, key: u64, offset: u64, src: &[u8]) -> Result<Accept, NetError>;
+/// Who this process is to the network: what every netmod is built from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// Our rank.
+    pub rank: u32,
+    /// Ranks in the job.
+    pub size: u32,
+    /// A secret shared by the job's processes: a connection or datagram without it is
+    /// refused, so two jobs never mix.
+    pub job_key: u64,
+    /// The address to bind and publish (see [`addr::choose`]).
+    pub addr: std::net::IpAddr,
+}
+
+/// Counters a netmod keeps, for benchmarks and diagnostics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NetStats {
+    /// Packets handed to the wire, first transmissions only.
+    pub packets_sent: u64,
+    /// Packets handed up by `poll`.
+    pub packets_received: u64,
+    /// Segments sent again (udp).
+    pub retransmits: u64,
+    /// Duplicate segments received and dropped (udp).
+    pub duplicates: u64,
+    /// What was dropped or refused from the wire, and why.
+    pub drops: Drops,
 }
 
 /// A network module.
-pub trait Netmod {
+///
+/// Every method returns at once except [`Netmod::wait`]. Progress (reading, writing
+/// queued bytes, timers) happens in [`Netmod::poll`] and nowhere else: a netmod has no
+/// thread.
+pub trait Netmod: Send + std::fmt::Debug {
     /// Short name, as in `NEMESIS_NETMOD` (`tcp`, `udp`, ...).
     fn name(&self) -> &'static str;
+
     /// This process's address, published for others to connect with.
     fn business_card(&self) -> Vec<u8>;
-    /// Records `peer`'s business card; the connection is made on first use.
-    fn set_card(&mut self, peer: u32, card: &[u8]) -> Result<(), NetError>;
+
     /// Largest payload of one packet.
     fn max_payload(&self) -> usize;
-    /// Sends a packet to `peer`, or answers [`Accept::Again`] without taking it.
+
+    /// Sends a packet to `peer`, or answers [`Accept::Again`] without taking it. Packets
+    /// to one peer arrive in the order they were accepted, exactly once.
+    ///
+    /// # Errors
+    /// A bad rank, a payload above [`Netmod::max_payload`], a peer known to have failed,
+    /// a card that cannot be had.
     fn send(&mut self, peer: u32, env: &Envelope, payload: &[&[u8]]) -> Result<Accept, NetError>;
-    /// Makes progress and hands each arrived packet to `sink(src, env, payload)`.
+
+    /// Makes progress and hands each arrived packet to `sink(src, env, payload)` in
+    /// place; returns how many it handed up. A failing peer does not make `poll` fail: it
+    /// is reported by [`Netmod::check_peer`] and by sends to it.
+    ///
+    /// # Errors
+    /// Only failures of the netmod itself (its socket or epoll instance).
     fn poll(&mut self, sink: &mut dyn FnMut(u32, &Envelope, &[u8])) -> Result<usize, NetError>;
+
+    /// Blocks until a poll may find something (input, room, or a timer due) or `timeout`
+    /// passes; may return early.
+    ///
+    /// # Errors
+    /// As for [`Netmod::poll`].
+    fn wait(&mut self, timeout: Duration) -> Result<(), NetError>;
+
+    /// Packets accepted but not yet known to have left for good: queued for the socket,
+    /// or (udp) sent and not yet acknowledged.
+    fn backlog(&self) -> usize;
+
+    /// Fails if `peer` is known to have failed or left.
+    ///
+    /// # Errors
+    /// [`NetError::PeerFailed`] saying why.
+    fn check_peer(&self, peer: u32) -> Result<(), NetError>;
+
+    /// Counters.
+    fn stats(&self) -> NetStats;
+
     /// RDMA, when the netmod offers it.
     fn rdma(&mut self) -> Option<&mut dyn Rdma> {
         None
