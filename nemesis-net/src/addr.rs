@@ -1,12 +1,51 @@
-//! Which local address a netmod binds and publishes, and the MTU behind it.
+//! Which local address a netmod binds and publishes, the MTU behind it, and the business
+//! card that carries it to the peers.
 //!
 //! `NEMESIS_NET_ADDR` names an address, `NEMESIS_NET_IFACE` an interface. Without them a
 //! job whose peers all share this host uses loopback, and any other job the first IPv4
 //! address of an interface that is up and not loopback, as Hydra's default does.
+//!
+//! A card is text, `NETMOD ADDRESS:PORT` (`tcp 10.0.0.2:41234`, `udp [fe80::1]:5000`), so
+//! that it reads well in a process manager's debug output.
 
 use crate::NetError;
 use std::ffi::CStr;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+/// The longest card [`decode_card`] looks at.
+const MAX_CARD: usize = 128;
+
+/// The business card of a `netmod` listening at `addr`.
+pub fn encode_card(netmod: &str, addr: SocketAddr) -> Vec<u8> {
+    format!("{netmod} {addr}").into_bytes()
+}
+
+/// The address in `rank`'s card, which must be a card of `netmod`.
+///
+/// # Errors
+/// [`NetError::BadCard`] for a card of another netmod, or one that does not parse.
+pub fn decode_card(netmod: &str, rank: u32, card: &[u8]) -> Result<SocketAddr, NetError> {
+    let bad = |reason: String| NetError::BadCard { rank, reason };
+    if card.len() > MAX_CARD {
+        return Err(bad(format!("{} bytes long, more than any card", card.len())));
+    }
+    let text = std::str::from_utf8(card).map_err(|_| bad("not text".into()))?;
+    let (kind, addr) = text
+        .split_once(' ')
+        .ok_or_else(|| bad(format!("{text:?} is not \"NETMOD ADDRESS:PORT\"")))?;
+    if kind != netmod {
+        return Err(bad(format!(
+            "it is a {kind:?} card, but this process uses {netmod:?}: every rank must set the same NEMESIS_NETMOD"
+        )));
+    }
+    let addr: SocketAddr = addr
+        .parse()
+        .map_err(|e| bad(format!("{addr:?} is not an address and port: {e}")))?;
+    if addr.port() == 0 || addr.ip().is_unspecified() || addr.ip().is_multicast() {
+        return Err(bad(format!("{addr} cannot be reached")));
+    }
+    Ok(addr)
+}
 
 /// An address of a local interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -160,6 +199,34 @@ fn iface_mtu(name: &str) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cards_round_trip_and_bad_ones_are_refused() {
+        for a in ["10.1.2.3:4000", "[fe80::1]:5000", "127.0.0.1:65535"] {
+            let addr: SocketAddr = a.parse().unwrap();
+            let card = encode_card("tcp", addr);
+            assert_eq!(decode_card("tcp", 3, &card).unwrap(), addr);
+        }
+        let card = encode_card("udp", "10.0.0.1:9".parse().unwrap());
+        let e = decode_card("tcp", 3, &card).unwrap_err();
+        assert!(matches!(e, NetError::BadCard { rank: 3, .. }) && e.to_string().contains("NEMESIS_NETMOD"));
+        for bad in [
+            &b"tcp"[..],
+            b"tcp 10.0.0.1",
+            b"tcp 10.0.0.1:0",
+            b"tcp 0.0.0.0:80",
+            b"tcp 224.0.0.1:80",
+            b"tcp \xff:1",
+            b"",
+            &[b'x'; 500],
+        ] {
+            assert!(
+                decode_card("tcp", 1, bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
 
     #[test]
     fn loopback_is_listed_and_has_an_mtu() {

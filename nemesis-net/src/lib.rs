@@ -24,6 +24,7 @@
 #![warn(missing_docs)]
 
 pub mod addr;
+pub mod config;
 mod drops;
 pub mod reliable;
 pub mod sim;
@@ -197,12 +198,14 @@ pub trait Netmod: Send + std::fmt::Debug {
     /// Only failures of the netmod itself (its socket or epoll instance).
     fn poll(&mut self, sink: &mut dyn FnMut(u32, &Envelope, &[u8])) -> Result<usize, NetError>;
 
-    /// Blocks until a poll may find something (input, room, or a timer due) or `timeout`
-    /// passes; may return early.
+    /// Blocks until a poll may find something (input, room for queued output, or a timer
+    /// due) or `timeout` passes, and says whether a poll may find something. With
+    /// `Duration::ZERO` it only looks, which is how a spinning waiter asks. May return
+    /// early.
     ///
     /// # Errors
     /// As for [`Netmod::poll`].
-    fn wait(&mut self, timeout: Duration) -> Result<(), NetError>;
+    fn wait(&mut self, timeout: Duration) -> Result<bool, NetError>;
 
     /// Packets accepted but not yet known to have left for good: queued for the socket,
     /// or (udp) sent and not yet acknowledged.
@@ -210,9 +213,19 @@ pub trait Netmod: Send + std::fmt::Debug {
 
     /// Fails if `peer` is known to have failed or left.
     ///
+    /// A peer that has been silent may be dead without anyone noticing: a netmod that
+    /// cannot tell otherwise (no connection yet, or nothing unacknowledged) asks it for a
+    /// sign of life at its next poll, so that a caller who keeps checking learns of a
+    /// dead peer within [`config::NET_TIMEOUT_VAR`]'s bound.
+    ///
     /// # Errors
     /// [`NetError::PeerFailed`] saying why.
     fn check_peer(&self, peer: u32) -> Result<(), NetError>;
+
+    /// Sends what is queued, says goodbye to the peers, and closes, waiting at most
+    /// `timeout` for the peers to take what is owed to them. Called once, before the
+    /// netmod is dropped; sends after it fail.
+    fn shutdown(&mut self, timeout: Duration);
 
     /// Counters.
     fn stats(&self) -> NetStats;
