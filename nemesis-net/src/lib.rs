@@ -152,6 +152,36 @@ pub struct Identity {
     pub addr: std::net::IpAddr,
 }
 
+/// Opens the netmod called `name` (one of [`config::NETMODS`]) for `id`, reading its
+/// tunables through `get`.
+///
+/// # Errors
+/// An unknown name, a bad tunable, or a socket that cannot be made.
+pub fn open(
+    name: &str,
+    id: Identity,
+    cards: Box<dyn Cards>,
+    get: &dyn Fn(&str) -> Option<String>,
+) -> Result<Box<dyn Netmod>, NetError> {
+    match name {
+        "tcp" => Ok(Box::new(tcp::TcpNetmod::new(
+            id,
+            cards,
+            tcp::TcpConfig::from_lookup(get)?,
+        )?)),
+        "udp" => Ok(Box::new(udp::UdpNetmod::new(
+            id,
+            cards,
+            udp::UdpConfig::from_lookup(get)?,
+        )?)),
+        other => Err(NetError::Config {
+            var: config::NETMOD_VAR,
+            value: other.into(),
+            reason: format!("expected one of: {}", config::NETMODS.join(", ")),
+        }),
+    }
+}
+
 /// Counters a netmod keeps, for benchmarks and diagnostics.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NetStats {
@@ -210,6 +240,14 @@ pub trait Netmod: Send + std::fmt::Debug {
     /// Packets accepted but not yet known to have left for good: queued for the socket,
     /// or (udp) sent and not yet acknowledged.
     fn backlog(&self) -> usize;
+
+    /// Whether a packet to `peer` would go to the wire now rather than be copied into a
+    /// queue: a sender of many large pieces waits for this instead of having its pieces
+    /// copied.
+    fn writable(&self, peer: u32) -> bool {
+        let _ = peer;
+        true
+    }
 
     /// Fails if `peer` is known to have failed or left.
     ///
