@@ -6,7 +6,7 @@
 
 use nemesis::shm::region::copy_into;
 use nemesis::shm::{Geometry, Segment};
-use nemesis::{Channel, Comm, Header, ShmChannel, WaitPolicy, World};
+use nemesis::{Channel, Comm, Header, NemesisChannel, ShmChannel, WaitPolicy, World};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,8 +14,8 @@ use std::time::Duration;
 #[inline(never)]
 #[unsafe(no_mangle)]
 pub fn nemesis_icount_channel_op(
-    a: &mut ShmChannel,
-    b: &mut ShmChannel,
+    a: &mut NemesisChannel,
+    b: &mut NemesisChannel,
     msg: &[u8; 8],
     into: &mut [u8; 8],
 ) -> usize {
@@ -59,8 +59,13 @@ fn main() {
         yields: 0,
         slice: Duration::from_millis(1),
     };
-    let mut a = ShmChannel::from_segment(seg.clone(), 0, 2, &[0, 1], 0, policy).expect("rank 0");
-    let mut b = ShmChannel::from_segment(seg, 1, 2, &[0, 1], 1, policy).expect("rank 1");
+    // The channel `nemesis::init()` gives, over a segment of this process.
+    let channel = |seg, r| {
+        let shm = ShmChannel::from_segment(seg, r, 2, &[0, 1], r, policy).expect("rank");
+        NemesisChannel::with_netmod(shm, None)
+    };
+    let mut a = channel(seg.clone(), 0);
+    let mut b = channel(seg, 1);
     let msg = 0x0102_0304_0506_0708u64.to_le_bytes();
     let mut into = [0u8; 8];
     let mut delivered = 0;

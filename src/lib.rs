@@ -46,7 +46,9 @@ pub mod measure;
 pub mod p2p;
 
 pub use bootstrap::{BootInfo, Rank};
-pub use channel::{Channel, ChannelError, Header, Packet, SendStatus, SendTicket, ShmChannel, WaitPolicy};
+pub use channel::{
+    Channel, ChannelError, Header, NemesisChannel, Packet, SendStatus, SendTicket, ShmChannel, WaitPolicy,
+};
 pub use nemesis_lmt as lmt;
 pub use nemesis_shm as shm;
 pub use p2p::{ANY_SOURCE, ANY_TAG, Comm, Op, P2pError, Status, World, init};

@@ -122,6 +122,9 @@ fn segment_key(leader: Rank) -> String {
     format!("nem-seg-{leader}")
 }
 
+/// The key-value name of the job's network key, which rank 0 draws.
+const JOB_KEY: &str = "nem-key";
+
 impl Boot {
     /// Joins the job the environment describes, or starts a singleton.
     pub fn init() -> Result<Self, BootError> {
@@ -178,6 +181,11 @@ impl Boot {
                 &nemesis_shm::config::segment_name(job_id, leader),
             )?;
         }
+        if rank == 0 {
+            // Only the job's processes can read the key-value space, so a key drawn here
+            // and shown by every network connection or datagram proves membership.
+            pmi.put(JOB_KEY, &format!("{:016x}", random_job_id()))?;
+        }
         pmi.barrier()?;
         let segment = pmi.get(&segment_key(leader))?.ok_or(BootError::Missing {
             rank: leader,
@@ -214,6 +222,23 @@ impl Boot {
             .get(&format!("{name}-{rank}"))?
             .ok_or(BootError::Missing { rank, what: name })?;
         wire::unhex(&v).ok_or(BootError::Missing { rank, what: name })
+    }
+
+    /// The job's network key: a secret that only the job's processes know, drawn by
+    /// rank 0 at start-up. A singleton draws its own.
+    pub fn job_key(&mut self) -> Result<u64, BootError> {
+        let Some(p) = self.pmi.as_mut() else {
+            return Ok(random_job_id());
+        };
+        let missing = BootError::Missing {
+            rank: 0,
+            what: "network key",
+        };
+        let v = p.get(JOB_KEY)?.ok_or(missing)?;
+        u64::from_str_radix(v.trim(), 16).map_err(|_| BootError::Missing {
+            rank: 0,
+            what: "network key (unreadable)",
+        })
     }
 
     /// Waits for every rank (a no-op for a singleton).

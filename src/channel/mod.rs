@@ -7,10 +7,13 @@
 //! The two-sided and one-sided layers use nothing else, so they work over shared memory,
 //! network modules or a test double alike.
 
+mod nemesis;
+mod pending;
 mod shm;
 mod wait;
 
 pub use crate::bootstrap::Rank;
+pub use nemesis::{NO_SHM_VAR, NemesisChannel};
 pub use shm::ShmChannel;
 pub use wait::{WaitPolicy, usable_cpus};
 
@@ -84,6 +87,8 @@ pub enum SendStatus {
 pub struct SendTicket {
     pub(crate) peer: u32,
     pub(crate) n: u64,
+    /// Whether it waits for a network module rather than shared memory.
+    pub(crate) net: bool,
 }
 
 /// Why a channel operation failed.
@@ -100,8 +105,8 @@ pub enum ChannelError {
     },
     /// A payload larger than one packet may carry.
     #[error(
-        "packet of {len} bytes is larger than the channel's maximum of {max} bytes \
-         (NEMESIS_CELL_SIZE less the cell header); send large messages in pieces"
+        "packet of {len} bytes is larger than the maximum of {max} bytes to that peer \
+         (through shared memory: NEMESIS_CELL_SIZE less the cell header); send large messages in pieces"
     )]
     PacketTooLarge {
         /// The payload's length.
@@ -153,6 +158,9 @@ pub enum ChannelError {
     /// The large-message strategies could not be set up.
     #[error(transparent)]
     Lmt(#[from] nemesis_lmt::LmtError),
+    /// The network module failed.
+    #[error(transparent)]
+    Net(nemesis_net::NetError),
 }
 
 /// A transport between the ranks of a job.
@@ -166,12 +174,22 @@ pub trait Channel {
     /// Whether `peer` shares our node. False for ranks out of range.
     fn is_local(&self, peer: Rank) -> bool;
 
-    /// The largest payload of one packet.
+    /// The largest payload of one packet, to any peer.
     fn max_payload(&self) -> usize;
+
+    /// The largest payload of one packet to `peer`, which may be more than
+    /// [`Channel::max_payload`] (a network module may carry larger packets than a
+    /// cell): what large messages are cut into.
+    #[inline]
+    fn max_payload_to(&self, peer: Rank) -> usize {
+        let _ = peer;
+        self.max_payload()
+    }
 
     /// Sends `payload`, the concatenation of the slices, to `peer`. Never blocks and
     /// never drops: when the transport has no room the packet is queued for `peer`, and
-    /// traffic to other peers is not held up by it.
+    /// traffic to other peers is not held up by it. A packet to a peer that has failed
+    /// goes nowhere; [`Channel::check_peer`] is how a sender learns of the failure.
     fn send(&mut self, peer: Rank, header: Header, payload: &[&[u8]]) -> Result<SendStatus, ChannelError>;
 
     /// Whether a queued send has reached the transport.
@@ -179,6 +197,15 @@ pub trait Channel {
 
     /// Sends still queued.
     fn pending(&self) -> usize;
+
+    /// Whether a packet to `peer` would go to the transport now, not into a pending
+    /// list: a sender of a long run of packets (the pieces of a large message) waits for
+    /// this, so its pieces are not copied.
+    #[inline]
+    fn room_for(&self, peer: Rank) -> bool {
+        let _ = peer;
+        self.pending() == 0
+    }
 
     /// Makes progress: moves queued sends on, and hands every arrived packet to `sink` in
     /// place. Returns how many packets it handed up.
@@ -280,6 +307,10 @@ impl<C: Channel + ?Sized> Channel for &mut C {
         (**self).max_payload()
     }
     #[inline(always)]
+    fn max_payload_to(&self, peer: Rank) -> usize {
+        (**self).max_payload_to(peer)
+    }
+    #[inline(always)]
     fn send(&mut self, peer: Rank, header: Header, payload: &[&[u8]]) -> Result<SendStatus, ChannelError> {
         (**self).send(peer, header, payload)
     }
@@ -290,6 +321,10 @@ impl<C: Channel + ?Sized> Channel for &mut C {
     #[inline(always)]
     fn pending(&self) -> usize {
         (**self).pending()
+    }
+    #[inline(always)]
+    fn room_for(&self, peer: Rank) -> bool {
+        (**self).room_for(peer)
     }
     #[inline(always)]
     fn poll<F: FnMut(Packet<'_>)>(&mut self, sink: F) -> Result<usize, ChannelError> {

@@ -1,11 +1,12 @@
 //! The channel to peers on this node, over the node's shared segment.
 
+use super::pending::Pending;
 use super::wait::{WaitPolicy, usable_cpus};
 use super::{Channel, ChannelError, Header, Packet, Rank, SendStatus, SendTicket};
-use crate::bootstrap::Boot;
+use crate::bootstrap::{Boot, BootInfo};
 use nemesis_lmt::{LocalLmt, Policy};
 use nemesis_shm::config::shm_dir;
-use nemesis_shm::{Envelope, Geometry, JoinSpec, PeerState, Port, Segment};
+use nemesis_shm::{Geometry, JoinSpec, PeerState, Port, Segment};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,13 +16,6 @@ const NOT_LOCAL: u32 = u32::MAX;
 /// In `local_of`: our own rank. Both sentinels are above every local index, so one
 /// comparison finds the ranks that the port can send to.
 const SELF: u32 = u32::MAX - 1;
-
-/// A packet waiting in a destination's pending list.
-#[derive(Debug)]
-struct Queued {
-    env: Envelope,
-    data: Vec<u8>,
-}
 
 /// The channel over shared memory. Every peer it serves is on this node; sending to a
 /// rank on another node fails with [`ChannelError::NoRoute`].
@@ -35,13 +29,7 @@ pub struct ShmChannel {
     /// Local index to rank.
     rank_of: Vec<Rank>,
     /// Packets waiting for room, per local destination, in order.
-    pending: Vec<VecDeque<Queued>>,
-    /// Local destinations whose pending list is not empty.
-    pending_peers: Vec<u32>,
-    pending_count: usize,
-    /// Packets ever queued and ever moved on, per local destination; tickets count these.
-    queued_total: Vec<u64>,
-    moved_total: Vec<u64>,
+    pending: Pending,
     /// Packets to ourselves.
     loopback: VecDeque<(Header, Vec<u8>)>,
     policy: WaitPolicy,
@@ -58,28 +46,26 @@ impl ShmChannel {
     }
 
     /// Joins the node's segment as `boot` describes: node-local process 0 creates it,
-    /// the others attach, and it is unlinked once all have. Keeps `boot`.
+    /// the others attach, and it is unlinked once all have. Keeps `boot`, so that the
+    /// process manager hears of us until the channel is dropped.
     pub fn from_boot(boot: Boot) -> Result<Self, ChannelError> {
-        let info = &boot.info;
+        let mut ch = Self::join(&boot.info)?;
+        ch.boot = Some(boot);
+        Ok(ch)
+    }
+
+    /// As [`ShmChannel::from_boot`], leaving the line to the process manager to the
+    /// caller.
+    pub fn join(info: &BootInfo) -> Result<Self, ChannelError> {
         let job_id = info.job_id;
-        let geometry = Geometry::from_env()?;
         let nlocal = info.local_ranks.len() as u32;
         let seg = if nlocal == 1 {
-            Segment::anonymous(1, geometry)?
+            Segment::anonymous(1, Geometry::from_env()?)?
         } else {
-            let spec = JoinSpec {
-                dir: shm_dir(),
-                name: info.segment.clone(),
-                job_id: info.job_id,
-                node: info.node(),
-                nprocs: nlocal,
-                geometry,
-                timeout: info.startup_timeout,
-            };
-            Segment::join(&spec, info.local_index)?
+            Segment::join(&Self::node_spec(info)?, info.local_index)?
         };
         let policy = WaitPolicy::from_env(nlocal, usable_cpus())?;
-        let mut ch = Self::from_segment_of_job(
+        Self::from_segment_of_job(
             Arc::new(seg),
             info.rank,
             info.size,
@@ -87,14 +73,25 @@ impl ShmChannel {
             info.local_index,
             policy,
             job_id,
-        )?;
-        ch.boot = Some(boot);
-        Ok(ch)
+        )
     }
 
     /// How this process joined the job, when it did through [`ShmChannel::from_boot`].
     pub fn boot(&mut self) -> Option<&mut Boot> {
         self.boot.as_mut()
+    }
+
+    /// How the processes `info` places on our node find and make their segment.
+    pub fn node_spec(info: &BootInfo) -> Result<JoinSpec, ChannelError> {
+        Ok(JoinSpec {
+            dir: shm_dir(),
+            name: info.segment.clone(),
+            job_id: info.job_id,
+            node: info.node(),
+            nprocs: info.local_ranks.len() as u32,
+            geometry: Geometry::from_env()?,
+            timeout: info.startup_timeout,
+        })
     }
 
     /// A channel over an existing segment, as the process at `local_index` among
@@ -165,11 +162,7 @@ impl ShmChannel {
             size,
             local_of,
             rank_of: local_ranks.to_vec(),
-            pending: (0..n).map(|_| VecDeque::new()).collect(),
-            pending_peers: Vec::new(),
-            pending_count: 0,
-            queued_total: vec![0; n],
-            moved_total: vec![0; n],
+            pending: Pending::new(n, false),
             loopback: VecDeque::new(),
             policy,
             max_payload,
@@ -204,23 +197,62 @@ impl ShmChannel {
         !self.loopback.is_empty() || self.port.has_work()
     }
 
+    /// Whether other processes share the segment.
+    pub fn has_local_peers(&self) -> bool {
+        self.rank_of.len() > 1
+    }
+
+    /// Sleeps on our doorbell until a local peer rings it or `timeout` passes, unless
+    /// something is already there.
+    pub(super) fn sleep(&mut self, timeout: Duration) {
+        if self.loopback.is_empty() {
+            self.port.sleep(Some(timeout));
+        }
+    }
+
+    /// The fast path of [`Channel::send`]: into the peer's fastbox, if it is local, its
+    /// box is free and nothing waits before it. `false` says only that it did not go.
+    // Always inlined: the fast path is a few dozen instructions, and a call would add a
+    // fifth of that again.
+    #[inline(always)]
+    pub(super) fn try_fast_send(&mut self, peer: Rank, header: Header, payload: &[&[u8]]) -> bool {
+        let len = match payload {
+            [one] => one.len(),
+            many => many.iter().map(|p| p.len()).sum(),
+        };
+        let env = header.to_envelope();
+        if let Some(&local) = self.local_of.get(peer as usize)
+            && local < self.rank_of.len() as u32
+            && self.pending.count() == 0
+        {
+            // SAFETY: `local` is another local process: below the count, and not SELF.
+            unsafe { self.port.try_fbox_unchecked(local, &env, payload, len) }
+        } else {
+            false
+        }
+    }
+
     /// Everything [`Channel::send`] does besides a fastbox: checks, loopback, cells,
     /// and the pending list.
     #[inline(never)]
-    fn send_slow(
+    pub(super) fn send_slow(
         &mut self,
         peer: Rank,
         header: Header,
-        env: Envelope,
         payload: &[&[u8]],
-        len: usize,
     ) -> Result<SendStatus, ChannelError> {
+        let len: usize = payload.iter().map(|p| p.len()).sum();
+        let env = header.to_envelope();
         let Some(&local) = self.local_of.get(peer as usize) else {
             return Err(ChannelError::InvalidRank {
                 rank: peer,
                 size: self.size,
             });
         };
+        // Before the size check: a network may carry larger packets than a cell.
+        if local == NOT_LOCAL {
+            return Err(ChannelError::NoRoute { rank: peer });
+        }
         if len > self.max_payload {
             return Err(ChannelError::PacketTooLarge {
                 len,
@@ -232,31 +264,13 @@ impl ShmChannel {
                 self.loopback.push_back((header, payload.concat()));
                 Ok(SendStatus::Sent)
             }
-            NOT_LOCAL => Err(ChannelError::NoRoute { rank: peer }),
             // SAFETY: any other value is another local process's index.
-            _ if self.pending[local as usize].is_empty()
+            _ if !self.pending.has(local)
                 && unsafe { self.port.try_send_unchecked(local, &env, payload, len) }.is_ok() =>
             {
                 Ok(SendStatus::Sent)
             }
-            _ => Ok(SendStatus::Queued(self.queue(local, env, payload))),
-        }
-    }
-
-    fn queue(&mut self, local: u32, env: Envelope, payload: &[&[u8]]) -> SendTicket {
-        let l = local as usize;
-        if self.pending[l].is_empty() {
-            self.pending_peers.push(local);
-        }
-        self.pending[l].push_back(Queued {
-            env,
-            data: payload.concat(),
-        });
-        self.pending_count += 1;
-        self.queued_total[l] += 1;
-        SendTicket {
-            peer: local,
-            n: self.queued_total[l],
+            _ => Ok(SendStatus::Queued(self.pending.push(local, env, payload))),
         }
     }
 
@@ -279,30 +293,12 @@ impl ShmChannel {
     /// destination has no room; one full destination does not hold up the others.
     #[inline(never)]
     fn drain_pending(&mut self) {
-        let mut i = 0;
-        while i < self.pending_peers.len() {
-            let local = self.pending_peers[i];
-            let q = &mut self.pending[local as usize];
-            while let Some(m) = q.front() {
-                // SAFETY: only other local processes get pending lists.
-                if unsafe {
-                    self.port
-                        .try_send_unchecked(local, &m.env, &[&m.data], m.data.len())
-                }
-                .is_err()
-                {
-                    break;
-                }
-                q.pop_front();
-                self.pending_count -= 1;
-                self.moved_total[local as usize] += 1;
-            }
-            if q.is_empty() {
-                self.pending_peers.swap_remove(i);
-            } else {
-                i += 1;
-            }
-        }
+        let port = &mut self.port;
+        let _ = self.pending.drain(|local, m| {
+            // SAFETY: only other local processes get pending lists.
+            let sent = unsafe { port.try_send_unchecked(local, &m.env, &[&m.data], m.data.len()) };
+            Ok::<_, std::convert::Infallible>(Some(sent.is_ok()))
+        });
     }
 }
 
@@ -327,39 +323,25 @@ impl Channel for ShmChannel {
         self.max_payload
     }
 
-    // Always inlined: the fast path is a few dozen instructions, and a call would add a
-    // fifth of that again.
     #[inline(always)]
     fn send(&mut self, peer: Rank, header: Header, payload: &[&[u8]]) -> Result<SendStatus, ChannelError> {
-        let len = match payload {
-            [one] => one.len(),
-            many => many.iter().map(|p| p.len()).sum(),
-        };
-        let env = header.to_envelope();
-        if let Some(&local) = self.local_of.get(peer as usize)
-            && local < self.rank_of.len() as u32
-            && self.pending_count == 0
-            // SAFETY: `local` is another local process: below the count, and not SELF.
-            && unsafe { self.port.try_fbox_unchecked(local, &env, payload, len) }
-        {
+        if self.try_fast_send(peer, header, payload) {
             return Ok(SendStatus::Sent);
         }
-        self.send_slow(peer, header, env, payload, len)
+        self.send_slow(peer, header, payload)
     }
 
     fn is_sent(&self, ticket: SendTicket) -> bool {
-        self.moved_total
-            .get(ticket.peer as usize)
-            .is_none_or(|&m| m >= ticket.n)
+        self.pending.is_sent(ticket)
     }
 
     fn pending(&self) -> usize {
-        self.pending_count
+        self.pending.count()
     }
 
     #[inline]
     fn poll<F: FnMut(Packet<'_>)>(&mut self, mut sink: F) -> Result<usize, ChannelError> {
-        if self.pending_count > 0 {
+        if self.pending.count() > 0 {
             self.drain_pending();
         }
         let mut n = 0;
@@ -385,7 +367,7 @@ impl Channel for ShmChannel {
     #[inline]
     fn poll_from<F: FnMut(Packet<'_>)>(&mut self, peer: Rank, mut sink: F) -> bool {
         match self.local_of.get(peer as usize) {
-            Some(&local) if local < self.rank_of.len() as u32 && self.pending_count == 0 => {
+            Some(&local) if local < self.rank_of.len() as u32 && self.pending.count() == 0 => {
                 self.port.poll_fbox_of(local, |_, env, payload| {
                     sink(Packet {
                         src: peer,
@@ -419,10 +401,7 @@ impl Channel for ShmChannel {
                 _ => return Ok(()),
             },
         };
-        if !self.loopback.is_empty() {
-            return Ok(());
-        }
-        self.port.sleep(Some(slice));
+        self.sleep(slice);
         Ok(())
     }
 

@@ -5,7 +5,7 @@ use super::comm::{Comm, CommInner};
 use super::node::NodeColl;
 use super::rndv::{Rts, Stage};
 use super::{Config, Locality, P2pError, Status};
-use crate::channel::{Channel, Header, Packet, ShmChannel, WaitPolicy};
+use crate::channel::{Channel, Header, NemesisChannel, Packet, WaitPolicy};
 use nemesis_lmt::{Seg, Strategies, Strategy, Xfer};
 use nemesis_shm::Segment;
 use std::cell::Cell;
@@ -481,7 +481,7 @@ impl Engine {
 
 /// A job's two-sided endpoint over channel `C`.
 #[derive(Debug)]
-pub struct World<C: Channel = ShmChannel> {
+pub struct World<C: Channel = NemesisChannel> {
     pub(crate) ch: C,
     pub(crate) eng: Engine,
     pub(crate) id: u64,
@@ -489,6 +489,9 @@ pub struct World<C: Channel = ShmChannel> {
     pub(crate) next_ctx: u32,
     pub(crate) cfg: Config,
     locality: Vec<Locality>,
+    /// The eager limit towards each rank: larger towards other nodes, whose netmod
+    /// carries larger packets.
+    pub(crate) eager_to: Vec<usize>,
     /// The node's segment, whose blocks serve the collectives of node-local communicators.
     pub(crate) node_seg: Option<Arc<Segment>>,
     /// How a member waits in a node collective: as the channel waits, for as many
@@ -530,6 +533,14 @@ impl<C: Channel> World<C> {
             .and_then(|s| NodeColl::join(s, 0, false));
         let world = Comm::new(id, 0, (0..size).collect(), me, size, all_local, node);
         let eng = Engine::new();
+        let eager_to = locality
+            .iter()
+            .enumerate()
+            .map(|(r, l)| match l {
+                Locality::Remote => cfg.net_eager_limit.min(ch.max_payload_to(r as u32)),
+                _ => cfg.eager_limit,
+            })
+            .collect();
         Ok(Self {
             ch,
             eng,
@@ -538,6 +549,7 @@ impl<C: Channel> World<C> {
             next_ctx: 1,
             cfg,
             locality,
+            eager_to,
             node_seg,
             node_wait,
             _not_sync: PhantomData,

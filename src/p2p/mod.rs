@@ -50,7 +50,7 @@ pub use comm::Comm;
 pub use engine::World;
 pub use scope::{Done, Request, Scope};
 
-use crate::channel::{ChannelError, ShmChannel};
+use crate::channel::{ChannelError, NemesisChannel};
 use std::time::Duration;
 
 /// Matches a message from any source.
@@ -143,12 +143,21 @@ pub enum P2pError {
     },
 }
 
+/// The eager limit towards ranks on other nodes unless `NEMESIS_EAGER_LIMIT` says:
+/// chosen by measurement (see README), as the point where a rendezvous's round trip
+/// stops paying for the copy that an unexpected eager message costs its receiver.
+pub const DEFAULT_NET_EAGER_LIMIT: usize = 32 << 10;
+
 /// Tunables, from the environment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Config {
     /// Messages of at most this many bytes go eagerly (`NEMESIS_EAGER_LIMIT`); never more
     /// than the channel's largest packet.
     pub eager_limit: usize,
+    /// The same for ranks on other nodes, whose netmod may carry larger packets than
+    /// shared memory: `NEMESIS_EAGER_LIMIT` when set, else [`DEFAULT_NET_EAGER_LIMIT`];
+    /// never more than the largest packet to the rank.
+    pub net_eager_limit: usize,
     /// How often a blocked operation checks that its peers are alive
     /// (`NEMESIS_FAILURE_TIMEOUT`): a receive from a dead peer fails within about this.
     pub failure_check: Duration,
@@ -173,12 +182,14 @@ impl Config {
                 reason: reason.to_string(),
             })
         };
-        let eager_limit = match get("NEMESIS_EAGER_LIMIT") {
-            None => max_payload,
-            Some(v) => nemesis_shm::config::parse_size(&v)
-                .and_then(|n| usize::try_from(n).ok())
-                .ok_or_else(|| bad("NEMESIS_EAGER_LIMIT", &v, "expected a size such as 8K"))?
-                .min(max_payload),
+        let (eager_limit, net_eager_limit) = match get("NEMESIS_EAGER_LIMIT") {
+            None => (max_payload, DEFAULT_NET_EAGER_LIMIT),
+            Some(v) => {
+                let n = nemesis_shm::config::parse_size(&v)
+                    .and_then(|n| usize::try_from(n).ok())
+                    .ok_or_else(|| bad("NEMESIS_EAGER_LIMIT", &v, "expected a size such as 8K"))?;
+                (n.min(max_payload), n)
+            }
         };
         let failure_check = match get("NEMESIS_FAILURE_TIMEOUT") {
             None => Duration::from_secs(1),
@@ -203,6 +214,7 @@ impl Config {
         };
         Ok(Self {
             eager_limit,
+            net_eager_limit,
             failure_check,
             node_collectives,
         })
@@ -220,9 +232,11 @@ pub enum Locality {
     Remote,
 }
 
-/// Joins the job (see [`crate::bootstrap::Boot::init`]) and returns its world.
-pub fn init() -> Result<World<ShmChannel>, P2pError> {
-    World::new(ShmChannel::init()?)
+/// Joins the job (see [`crate::bootstrap::Boot::init`]) and returns its world: shared
+/// memory to the ranks on this node, the network module `NEMESIS_NETMOD` names to the
+/// others.
+pub fn init() -> Result<World<NemesisChannel>, P2pError> {
+    World::new(NemesisChannel::init()?)
 }
 
 #[cfg(test)]

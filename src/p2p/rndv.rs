@@ -357,7 +357,6 @@ impl Engine {
 
     /// Pushes chunks of accepted large messages while the channel has room.
     pub(super) fn push<C: Channel>(&mut self, ch: &mut C) -> Result<(), P2pError> {
-        let chunk = ch.max_payload().saturating_sub(8).max(1);
         let mut i = 0;
         while i < self.pushing.len() {
             let id = self.pushing[i];
@@ -365,12 +364,14 @@ impl Engine {
                 self.pushing.swap_remove(i);
                 continue;
             };
+            // A network may carry larger packets than shared memory does.
+            let chunk = ch.max_payload_to(s.dest).saturating_sub(8).max(1);
             let SState::Push { recv_id, off } = &mut s.state else {
                 self.pushing.swap_remove(i);
                 continue;
             };
             let bufs = &*source(&s.bufs, &s.owned);
-            while *off < s.len && ch.pending() == 0 {
+            while *off < s.len && ch.room_for(s.dest) {
                 let end = (*off + chunk).min(s.len);
                 let h = Header {
                     kind: DATA,
@@ -700,7 +701,13 @@ impl<C: Channel> World<C> {
         len: usize,
     ) -> Result<Option<u32>, P2pError> {
         let d = comm.world_of(dest)?;
-        if len <= self.cfg.eager_limit {
+        if len
+            <= self
+                .eager_to
+                .get(d as usize)
+                .copied()
+                .unwrap_or(self.cfg.eager_limit)
+        {
             let h = Header {
                 kind: super::engine::EAGER,
                 context: ctx,

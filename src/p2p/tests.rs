@@ -2,7 +2,7 @@
 //! segment. Multi-process tests are in `tests/p2p.rs`.
 
 use super::*;
-use crate::channel::{Channel, ShmChannel, WaitPolicy};
+use crate::channel::{Channel, NemesisChannel, ShmChannel, WaitPolicy};
 use nemesis_lmt::{LmtError, Strategy};
 use nemesis_shm::{Geometry, Segment};
 use std::sync::Arc;
@@ -63,7 +63,7 @@ fn job_full<T: Send + 'static>(
                 }
                 let mut cfg = Config::from_lookup(ch.max_payload(), |_| None).unwrap();
                 tweak(&mut cfg);
-                f(World::with_config(ch, cfg).unwrap())
+                f(World::with_config(NemesisChannel::with_netmod(ch, None), cfg).unwrap())
             })
         })
         .collect();

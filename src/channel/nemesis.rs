@@ -1,0 +1,727 @@
+//! The channel of a job: shared memory to the peers on this node, a network module to
+//! the others.
+//!
+//! Sends try shared memory first, whose fast path is unchanged; a rank it cannot reach
+//! goes to the netmod under the same rule: taken now, or copied into that destination's
+//! pending list. Polls look at the node first and at the network less often while the
+//! node keeps them busy, since every look at the network is a system call.
+
+use super::pending::Pending;
+use super::wait::{WaitPolicy, usable_cpus};
+use super::{Channel, ChannelError, Header, Packet, Rank, SendStatus, SendTicket, ShmChannel};
+use crate::bootstrap::{Boot, BootInfo};
+use nemesis_net::{Accept, Cards, Identity, NetError, NetStats, Netmod};
+use nemesis_shm::Segment;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Forces every peer, local ones too, through the network module when `1`.
+pub const NO_SHM_VAR: &str = "NEMESIS_NO_SHM";
+
+/// The key-value name under which each rank publishes its netmod's business card.
+const CARD: &str = "nem-card";
+
+/// While local peers keep polls busy, the network is looked at on every this many
+/// polls (and whenever a wait saw it ready).
+const NET_POLL_EVERY: u32 = 16;
+
+/// While local peers may ring the doorbell, a spinning waiter looks at the network on
+/// every this many spins.
+const NET_SPIN_EVERY: u32 = 64;
+
+/// A waiter cannot sleep on the doorbell's futex and on sockets at once. With local
+/// peers it sleeps on the futex, at most this long at a time, and looks at the network
+/// in between: this bounds how late a sleeping process notices network traffic.
+const MIXED_SLEEP: Duration = Duration::from_millis(1);
+
+/// How long a dropped channel waits for the network to deliver what it owes, and then
+/// for its goodbyes.
+const DROP_FLUSH: Duration = Duration::from_secs(5);
+const DROP_SHUTDOWN: Duration = Duration::from_secs(2);
+
+/// The network part: the netmod and the packets it had no room for, by rank.
+#[derive(Debug)]
+struct Net {
+    netmod: Box<dyn Netmod>,
+    pending: Pending,
+    max_payload: usize,
+    /// Polls left before the network is looked at again while the node is busy.
+    skip: u32,
+    /// `NET_POLL_EVERY`, or 0 without local peers: then every poll looks.
+    every: u32,
+    /// The last wait saw the network ready.
+    hint: bool,
+}
+
+impl Net {
+    fn poll<F: FnMut(Packet<'_>)>(&mut self, sink: &mut F, node_busy: bool) -> Result<usize, ChannelError> {
+        if node_busy && !self.hint && self.skip > 0 {
+            self.skip -= 1;
+            return Ok(0);
+        }
+        self.skip = self.every;
+        self.hint = false;
+        self.drain()?;
+        let n = self.netmod.poll(&mut |src, env, payload| {
+            sink(Packet {
+                src,
+                header: Header::from_envelope(env),
+                payload,
+            })
+        })?;
+        // Acknowledgements may have made room.
+        self.drain()?;
+        Ok(n)
+    }
+
+    /// Moves pending packets into the netmod, each destination in order; a failed
+    /// destination's packets are discarded.
+    fn drain(&mut self) -> Result<(), ChannelError> {
+        if self.pending.count() == 0 {
+            return Ok(());
+        }
+        let netmod = &mut self.netmod;
+        self.pending
+            .drain(|rank, m| match netmod.send(rank, &m.env, &[&m.data]) {
+                Ok(Accept::Sent) => Ok(Some(true)),
+                Ok(Accept::Again) => Ok(Some(false)),
+                Err(NetError::PeerFailed { .. }) => Ok(None),
+                Err(e) => Err(ChannelError::from(e)),
+            })?;
+        Ok(())
+    }
+}
+
+/// The line to the process manager. A panic while it was held leaves nothing half
+/// done that matters here, so a poisoned lock is taken as it is.
+fn lock(boot: &Mutex<Boot>) -> std::sync::MutexGuard<'_, Boot> {
+    boot.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Where a netmod finds business cards: the job's key-value space, asked once per peer
+/// on first contact.
+struct KvsCards(Arc<Mutex<Boot>>);
+
+impl Cards for KvsCards {
+    fn card(&mut self, rank: u32) -> Result<Vec<u8>, NetError> {
+        lock(&self.0).fetch(rank, CARD).map_err(|e| NetError::BadCard {
+            rank,
+            reason: e.to_string(),
+        })
+    }
+}
+
+/// The channel over shared memory and a network module.
+#[derive(Debug)]
+pub struct NemesisChannel {
+    shm: ShmChannel,
+    net: Option<Net>,
+    info: Option<BootInfo>,
+    /// The line to the process manager, shared with the netmod's card lookups and
+    /// finalized when the last holder lets go.
+    boot: Option<Arc<Mutex<Boot>>>,
+}
+
+impl NemesisChannel {
+    /// Joins the job the environment describes (see [`Boot::init`]), or starts alone.
+    pub fn init() -> Result<Self, ChannelError> {
+        Self::from_boot(Boot::init()?)
+    }
+
+    /// Joins the node's segment as `boot` describes and, when some peers are on other
+    /// nodes (or `NEMESIS_NO_SHM=1`), opens the network module `NEMESIS_NETMOD` names,
+    /// publishes its business card and meets the others at a barrier.
+    pub fn from_boot(boot: Boot) -> Result<Self, ChannelError> {
+        Self::from_boot_with(boot, |k| std::env::var(k).ok())
+    }
+
+    /// As [`NemesisChannel::from_boot`], reading variables through `get`.
+    pub fn from_boot_with(
+        mut boot: Boot,
+        get: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ChannelError> {
+        let info = boot.info.clone();
+        let no_shm = match get(NO_SHM_VAR).as_deref().map(str::trim) {
+            None | Some("0") | Some("") => false,
+            Some("1") => true,
+            Some(v) => {
+                return Err(ChannelError::Config {
+                    var: NO_SHM_VAR,
+                    value: v.into(),
+                    reason: "expected 1 or 0".into(),
+                });
+            }
+        };
+        // Without shared memory every other rank is as good as on another node.
+        let view = if no_shm {
+            BootInfo {
+                local_ranks: vec![info.rank],
+                local_index: 0,
+                ..info.clone()
+            }
+        } else {
+            info.clone()
+        };
+        let mut shm = ShmChannel::join(&view)?;
+        // Waiting is tuned to the processes that really share the CPUs.
+        shm.set_wait_policy(WaitPolicy::from_lookup(
+            info.local_ranks.len() as u32,
+            usable_cpus(),
+            &get,
+        )?);
+        if view.local_ranks.len() as u32 == info.size {
+            return Ok(Self {
+                shm,
+                net: None,
+                info: Some(info),
+                boot: Some(Arc::new(Mutex::new(boot))),
+            });
+        }
+        let name = nemesis_net::config::netmod(&get)?;
+        let all_here = info.local_ranks.len() as u32 == info.size;
+        let id = Identity {
+            rank: info.rank,
+            size: info.size,
+            job_key: boot.job_key()?,
+            addr: nemesis_net::addr::choose(&get, all_here)?,
+        };
+        let boot = Arc::new(Mutex::new(boot));
+        let netmod = nemesis_net::open(name, id, Box::new(KvsCards(boot.clone())), &get)?;
+        {
+            let mut b = lock(&boot);
+            b.publish(CARD, &netmod.business_card())?;
+            b.barrier()?;
+        }
+        let mut ch = Self::with_netmod(shm, Some(netmod));
+        ch.info = Some(info);
+        ch.boot = Some(boot);
+        Ok(ch)
+    }
+
+    /// A channel over `shm` and, for the ranks that `shm` cannot reach, `netmod`.
+    pub fn with_netmod(shm: ShmChannel, netmod: Option<Box<dyn Netmod>>) -> Self {
+        let size = shm.size();
+        let every = if shm.has_local_peers() { NET_POLL_EVERY } else { 0 };
+        Self {
+            net: netmod.map(|netmod| Net {
+                max_payload: netmod.max_payload(),
+                netmod,
+                pending: Pending::new(size as usize, true),
+                skip: 0,
+                every,
+                hint: false,
+            }),
+            shm,
+            info: None,
+            boot: None,
+        }
+    }
+
+    /// The shared-memory part.
+    pub fn shm(&self) -> &ShmChannel {
+        &self.shm
+    }
+
+    /// The shared-memory part, to tune it.
+    pub fn shm_mut(&mut self) -> &mut ShmChannel {
+        &mut self.shm
+    }
+
+    /// The network module, if the job needs one.
+    pub fn netmod(&self) -> Option<&dyn Netmod> {
+        self.net.as_ref().map(|n| &*n.netmod)
+    }
+
+    /// Which transport reaches peers on other nodes: `shm` when there are none, else
+    /// the netmod's name.
+    pub fn transport(&self) -> &'static str {
+        self.net.as_ref().map_or("shm", |n| n.netmod.name())
+    }
+
+    /// The network module's counters, if there is one.
+    pub fn net_stats(&self) -> Option<NetStats> {
+        self.net.as_ref().map(|n| n.netmod.stats())
+    }
+
+    /// This process's place in the job, as start-up found it; `None` for a channel
+    /// put together from parts.
+    pub fn boot_info(&self) -> Option<&BootInfo> {
+        self.info.as_ref()
+    }
+
+    /// Everything but a fastbox: shared memory's slow path, and the network for the
+    /// ranks shared memory does not reach.
+    #[inline(never)]
+    fn send_slow(
+        &mut self,
+        peer: Rank,
+        header: Header,
+        payload: &[&[u8]],
+    ) -> Result<SendStatus, ChannelError> {
+        match self.shm.send_slow(peer, header, payload) {
+            Err(ChannelError::NoRoute { .. }) if self.net.is_some() => self.send_net(peer, header, payload),
+            r => r,
+        }
+    }
+
+    fn send_net(
+        &mut self,
+        peer: Rank,
+        header: Header,
+        payload: &[&[u8]],
+    ) -> Result<SendStatus, ChannelError> {
+        let Some(net) = self.net.as_mut() else {
+            return Err(ChannelError::NoRoute { rank: peer });
+        };
+        let len: usize = payload.iter().map(|p| p.len()).sum();
+        if len > net.max_payload {
+            return Err(ChannelError::PacketTooLarge {
+                len,
+                max: net.max_payload,
+            });
+        }
+        let env = header.to_envelope();
+        if !net.pending.has(peer) {
+            match net.netmod.send(peer, &env, payload) {
+                Ok(Accept::Sent) => return Ok(SendStatus::Sent),
+                Ok(Accept::Again) => {}
+                // As a packet put in a dead local peer's queue is, this one is gone;
+                // `check_peer` tells the sender, which is how it learns of failures.
+                Err(NetError::PeerFailed { .. }) => return Ok(SendStatus::Sent),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(SendStatus::Queued(net.pending.push(peer, env, payload)))
+    }
+
+    /// Packets owed to the network: queued here, or taken by the netmod and not yet
+    /// delivered for good.
+    fn net_owed(&self) -> usize {
+        self.net
+            .as_ref()
+            .map_or(0, |n| n.pending.count() + n.netmod.backlog())
+    }
+}
+
+impl From<NetError> for ChannelError {
+    fn from(e: NetError) -> Self {
+        match e {
+            NetError::PeerFailed { rank, reason } => ChannelError::PeerFailed { rank, reason },
+            NetError::InvalidRank { rank, size } => ChannelError::InvalidRank { rank, size },
+            NetError::TooLarge { len, max } => ChannelError::PacketTooLarge { len, max },
+            NetError::Config { var, value, reason } => ChannelError::Config { var, value, reason },
+            other => ChannelError::Net(other),
+        }
+    }
+}
+
+impl Channel for NemesisChannel {
+    #[inline(always)]
+    fn rank(&self) -> Rank {
+        self.shm.rank()
+    }
+
+    #[inline(always)]
+    fn size(&self) -> u32 {
+        self.shm.size()
+    }
+
+    #[inline(always)]
+    fn is_local(&self, peer: Rank) -> bool {
+        self.shm.is_local(peer)
+    }
+
+    fn max_payload(&self) -> usize {
+        match &self.net {
+            Some(n) => self.shm.max_payload().min(n.max_payload),
+            None => self.shm.max_payload(),
+        }
+    }
+
+    fn max_payload_to(&self, peer: Rank) -> usize {
+        match &self.net {
+            Some(n) if !self.shm.is_local(peer) => n.max_payload,
+            _ => self.shm.max_payload(),
+        }
+    }
+
+    #[inline(always)]
+    fn send(&mut self, peer: Rank, header: Header, payload: &[&[u8]]) -> Result<SendStatus, ChannelError> {
+        if self.shm.try_fast_send(peer, header, payload) {
+            return Ok(SendStatus::Sent);
+        }
+        self.send_slow(peer, header, payload)
+    }
+
+    fn is_sent(&self, ticket: SendTicket) -> bool {
+        match &self.net {
+            Some(n) if ticket.net => n.pending.is_sent(ticket),
+            _ => self.shm.is_sent(ticket),
+        }
+    }
+
+    #[inline]
+    fn pending(&self) -> usize {
+        self.shm.pending() + self.net.as_ref().map_or(0, |n| n.pending.count())
+    }
+
+    fn room_for(&self, peer: Rank) -> bool {
+        match &self.net {
+            Some(n) if peer < self.size() && !self.shm.is_local(peer) => {
+                !n.pending.has(peer) && n.netmod.writable(peer)
+            }
+            _ => self.shm.pending() == 0,
+        }
+    }
+
+    #[inline]
+    fn poll<F: FnMut(Packet<'_>)>(&mut self, mut sink: F) -> Result<usize, ChannelError> {
+        let mut n = self.shm.poll(&mut sink)?;
+        if let Some(net) = &mut self.net {
+            n += net.poll(&mut sink, n > 0)?;
+        }
+        Ok(n)
+    }
+
+    #[inline(always)]
+    fn poll_from<F: FnMut(Packet<'_>)>(&mut self, peer: Rank, sink: F) -> bool {
+        self.shm.poll_from(peer, sink)
+    }
+
+    fn wait(&mut self, timeout: Option<Duration>) -> Result<(), ChannelError> {
+        let Some(net) = self.net.as_mut() else {
+            return self.shm.wait(timeout);
+        };
+        let start = Instant::now();
+        let policy = self.shm.wait_policy();
+        let mixed = self.shm.has_local_peers();
+        let every = if mixed { NET_SPIN_EVERY } else { 1 };
+        let look = |net: &mut Net| -> Result<bool, ChannelError> {
+            let ready = net.netmod.wait(Duration::ZERO)? || net.pending.count() > 0;
+            net.hint |= ready;
+            Ok(ready)
+        };
+        for i in 0..policy.spin {
+            if self.shm.ready() || (i % every == 0 && look(net)?) {
+                return Ok(());
+            }
+            core::hint::spin_loop();
+        }
+        for _ in 0..policy.yields {
+            if self.shm.ready() || look(net)? {
+                return Ok(());
+            }
+            std::thread::yield_now();
+        }
+        let slice = match timeout {
+            None => policy.slice,
+            Some(t) => match t.checked_sub(start.elapsed()) {
+                Some(left) if !left.is_zero() => left.min(policy.slice),
+                _ => return Ok(()),
+            },
+        };
+        if mixed {
+            self.shm.sleep(slice.min(MIXED_SLEEP));
+            look(net)?;
+        } else if net.netmod.wait(slice)? {
+            net.hint = true;
+        }
+        Ok(())
+    }
+
+    fn check_peer(&self, peer: Rank) -> Result<(), ChannelError> {
+        match &self.net {
+            Some(n) if peer < self.size() && !self.shm.is_local(peer) => Ok(n.netmod.check_peer(peer)?),
+            _ => self.shm.check_peer(peer),
+        }
+    }
+
+    fn node_segment(&self) -> Option<Arc<Segment>> {
+        self.shm.node_segment()
+    }
+
+    fn lmt(&mut self) -> Option<&mut dyn nemesis_lmt::Lmt> {
+        self.shm.lmt()
+    }
+
+    /// Also waits until the network has delivered what it took: written to the socket
+    /// (tcp) or acknowledged (udp). Packets that arrive meanwhile are dropped, so call it
+    /// only when nothing more is expected.
+    fn flush(&mut self, timeout: Duration) -> Result<(), ChannelError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let owed = self.shm.pending() + self.net_owed();
+            if owed == 0 {
+                return Ok(());
+            }
+            self.poll(|_| {})?;
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(ChannelError::FlushTimeout {
+                    pending: owed,
+                    waited: timeout,
+                });
+            }
+            self.wait(Some((deadline - now).min(Duration::from_millis(10))))?;
+        }
+    }
+}
+
+impl Drop for NemesisChannel {
+    fn drop(&mut self) {
+        if self.net.is_none() {
+            return;
+        }
+        let _ = self.flush(DROP_FLUSH);
+        if let Some(net) = self.net.as_mut() {
+            net.netmod.shutdown(DROP_SHUTDOWN);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nemesis_shm::{Envelope, Geometry};
+    use std::collections::{HashSet, VecDeque};
+
+    /// Packets in flight from one rank to another.
+    type Queue = VecDeque<(Envelope, Vec<u8>)>;
+
+    /// A network in memory: a queue per ordered pair, each holding at most `cap`
+    /// packets, and ranks that can be marked failed.
+    #[derive(Debug, Default)]
+    struct Wire {
+        queues: std::collections::HashMap<(u32, u32), Queue>,
+        cap: usize,
+        failed: HashSet<u32>,
+    }
+
+    #[derive(Debug)]
+    struct MemNet {
+        me: u32,
+        wire: Arc<Mutex<Wire>>,
+    }
+
+    impl Netmod for MemNet {
+        fn name(&self) -> &'static str {
+            "mem"
+        }
+        fn business_card(&self) -> Vec<u8> {
+            Vec::new()
+        }
+        fn max_payload(&self) -> usize {
+            100_000
+        }
+        fn send(&mut self, peer: u32, env: &Envelope, payload: &[&[u8]]) -> Result<Accept, NetError> {
+            let mut w = self.wire.lock().unwrap();
+            if w.failed.contains(&peer) {
+                return Err(NetError::PeerFailed {
+                    rank: peer,
+                    reason: "marked failed".into(),
+                });
+            }
+            let cap = w.cap;
+            let q = w.queues.entry((self.me, peer)).or_default();
+            if q.len() >= cap {
+                return Ok(Accept::Again);
+            }
+            q.push_back((*env, payload.concat()));
+            Ok(Accept::Sent)
+        }
+        fn poll(&mut self, sink: &mut dyn FnMut(u32, &Envelope, &[u8])) -> Result<usize, NetError> {
+            let mut got = Vec::new();
+            for ((from, to), q) in self.wire.lock().unwrap().queues.iter_mut() {
+                if *to == self.me {
+                    got.extend(q.drain(..).map(|(e, d)| (*from, e, d)));
+                }
+            }
+            for (from, e, d) in &got {
+                sink(*from, e, d);
+            }
+            Ok(got.len())
+        }
+        fn wait(&mut self, _: Duration) -> Result<bool, NetError> {
+            let w = self.wire.lock().unwrap();
+            Ok(w.queues
+                .iter()
+                .any(|((_, to), q)| *to == self.me && !q.is_empty()))
+        }
+        fn backlog(&self) -> usize {
+            let w = self.wire.lock().unwrap();
+            // As a real netmod does, nothing is owed to a failed peer.
+            w.queues
+                .iter()
+                .filter(|((from, to), _)| *from == self.me && !w.failed.contains(to))
+                .map(|(_, q)| q.len())
+                .sum()
+        }
+        fn check_peer(&self, peer: u32) -> Result<(), NetError> {
+            if self.wire.lock().unwrap().failed.contains(&peer) {
+                return Err(NetError::PeerFailed {
+                    rank: peer,
+                    reason: "marked failed".into(),
+                });
+            }
+            Ok(())
+        }
+        fn shutdown(&mut self, _: Duration) {}
+        fn stats(&self) -> NetStats {
+            NetStats::default()
+        }
+    }
+
+    /// Ranks 0 and 1 share a segment, rank 2 is alone on another "node"; all three
+    /// have a netmod on one in-memory wire.
+    fn job(cap: usize) -> (Vec<NemesisChannel>, Arc<Mutex<Wire>>) {
+        let wire = Arc::new(Mutex::new(Wire {
+            cap,
+            ..Wire::default()
+        }));
+        let policy = WaitPolicy {
+            spin: 10,
+            yields: 1,
+            slice: Duration::from_millis(5),
+        };
+        let pair = Arc::new(Segment::anonymous(2, Geometry::default()).unwrap());
+        let alone = Arc::new(Segment::anonymous(1, Geometry::default()).unwrap());
+        let shm = [
+            ShmChannel::from_segment(pair.clone(), 0, 3, &[0, 1], 0, policy).unwrap(),
+            ShmChannel::from_segment(pair, 1, 3, &[0, 1], 1, policy).unwrap(),
+            ShmChannel::from_segment(alone, 2, 3, &[2], 0, policy).unwrap(),
+        ];
+        let chans = shm
+            .into_iter()
+            .enumerate()
+            .map(|(r, s)| {
+                let net = MemNet {
+                    me: r as u32,
+                    wire: wire.clone(),
+                };
+                NemesisChannel::with_netmod(s, Some(Box::new(net)))
+            })
+            .collect();
+        (chans, wire)
+    }
+
+    fn drain(ch: &mut NemesisChannel) -> Vec<(Rank, i32, Vec<u8>)> {
+        let mut out = Vec::new();
+        for _ in 0..2 * NET_POLL_EVERY {
+            ch.poll(|p| out.push((p.src, p.header.tag, p.payload.to_vec())))
+                .unwrap();
+        }
+        out
+    }
+
+    fn tag(t: i32) -> Header {
+        Header {
+            tag: t,
+            ..Header::default()
+        }
+    }
+
+    #[test]
+    fn local_peers_go_through_memory_and_remote_ones_through_the_netmod() {
+        let (mut j, wire) = job(100);
+        assert!(j[0].is_local(1) && !j[0].is_local(2) && !j[2].is_local(0));
+        assert_eq!(j[0].transport(), "mem");
+        // The network carries larger packets than a cell, and only to remote peers.
+        assert_eq!(j[0].max_payload_to(2), 100_000);
+        assert_eq!(j[0].max_payload_to(1), j[0].shm().max_payload());
+        assert_eq!(j[0].max_payload(), j[0].shm().max_payload());
+        let big = vec![7u8; 50_000];
+        j[0].send_bytes(1, tag(1), b"near").unwrap();
+        j[0].send_bytes(2, tag(2), &big).unwrap();
+        assert_eq!(
+            wire.lock().unwrap().queues[&(0, 2)].len(),
+            1,
+            "the remote packet went to the netmod"
+        );
+        let e = j[0].send_bytes(1, tag(3), &big).unwrap_err();
+        assert!(matches!(e, ChannelError::PacketTooLarge { .. }), "{e}");
+        assert_eq!(drain(&mut j[1]), vec![(0, 1, b"near".to_vec())]);
+        assert_eq!(drain(&mut j[2]), vec![(0, 2, big)]);
+        // And back, from the remote rank to both.
+        j[2].send(0, tag(4), &[b"fa", b"r"]).unwrap();
+        j[2].send_bytes(1, tag(5), b"").unwrap();
+        assert_eq!(drain(&mut j[0]), vec![(2, 4, b"far".to_vec())]);
+        assert_eq!(drain(&mut j[1]), vec![(2, 5, Vec::new())]);
+        assert!(matches!(
+            j[0].send_bytes(3, tag(0), b""),
+            Err(ChannelError::InvalidRank { .. })
+        ));
+    }
+
+    #[test]
+    fn a_full_netmod_queues_in_order_and_tickets_complete() {
+        let (mut j, _) = job(2);
+        let mut tickets = Vec::new();
+        for i in 0..6 {
+            if let SendStatus::Queued(t) = j[0].send_bytes(2, tag(i), &[i as u8]).unwrap() {
+                tickets.push(t);
+            }
+        }
+        assert_eq!(tickets.len(), 4, "two went to the netmod, the rest wait");
+        assert_eq!(j[0].pending(), 4);
+        assert!(tickets.iter().all(|&t| !j[0].is_sent(t)));
+        // Local traffic is not held up by the remote destination.
+        assert_eq!(j[0].send_bytes(1, tag(9), b"x").unwrap(), SendStatus::Sent);
+        let mut got = Vec::new();
+        while got.len() < 6 {
+            got.extend(drain(&mut j[2]).into_iter().map(|m| m.1));
+            drain(&mut j[0]);
+        }
+        assert_eq!(got, (0..6).collect::<Vec<_>>());
+        assert!(tickets.iter().all(|&t| j[0].is_sent(t)));
+        assert_eq!(j[0].pending(), 0);
+    }
+
+    #[test]
+    fn a_failed_remote_peer_fails_sends_and_checks_and_frees_its_queue() {
+        let (mut j, wire) = job(1);
+        j[0].send_bytes(2, tag(0), b"a").unwrap();
+        let t = match j[0].send_bytes(2, tag(1), b"b").unwrap() {
+            SendStatus::Queued(t) => t,
+            SendStatus::Sent => panic!("the netmod had room for one packet only"),
+        };
+        wire.lock().unwrap().failed.insert(2);
+        assert!(matches!(
+            j[0].check_peer(2),
+            Err(ChannelError::PeerFailed { rank: 2, .. })
+        ));
+        assert!(j[0].check_peer(1).is_ok());
+        drain(&mut j[0]);
+        assert!(j[0].is_sent(t), "a failed peer's queue is let go");
+        assert_eq!(j[0].pending(), 0);
+        // Later packets to it go nowhere, as they would into a dead local peer's queue.
+        assert_eq!(j[0].send_bytes(2, tag(2), b"c").unwrap(), SendStatus::Sent);
+        assert_eq!(j[0].pending(), 0);
+    }
+
+    #[test]
+    fn flush_waits_for_the_network_to_deliver() {
+        let (mut j, wire) = job(10);
+        j[0].send_bytes(2, tag(0), b"a").unwrap();
+        let e = j[0].flush(Duration::from_millis(20)).unwrap_err();
+        assert!(matches!(e, ChannelError::FlushTimeout { pending: 1, .. }), "{e}");
+        assert_eq!(drain(&mut j[2]).len(), 1);
+        j[0].flush(Duration::from_secs(5)).unwrap();
+        assert!(wire.lock().unwrap().queues[&(0, 2)].is_empty());
+    }
+
+    #[test]
+    fn without_a_netmod_other_nodes_have_no_route() {
+        let policy = WaitPolicy {
+            spin: 1,
+            yields: 1,
+            slice: Duration::from_millis(1),
+        };
+        let seg = Arc::new(Segment::anonymous(1, Geometry::default()).unwrap());
+        let shm = ShmChannel::from_segment(seg, 0, 2, &[0], 0, policy).unwrap();
+        let mut ch = NemesisChannel::with_netmod(shm, None);
+        assert_eq!(ch.transport(), "shm");
+        let e = ch.send_bytes(1, tag(0), b"x").unwrap_err();
+        assert!(matches!(e, ChannelError::NoRoute { rank: 1 }), "{e}");
+        ch.wait(Some(Duration::from_millis(1))).unwrap();
+    }
+}
