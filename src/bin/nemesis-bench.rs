@@ -3,7 +3,7 @@
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use nemesis::Channel as _;
-use nemesis::measure::{self, Layer, Pair, Summary};
+use nemesis::measure::{self, Layer, Pair, Summary, Transport};
 use nemesis::shm::{Geometry, Segment};
 use std::fmt::Write as _;
 use std::io::IsTerminal;
@@ -71,6 +71,10 @@ struct LatencyArgs {
     /// What to measure: the channel, or two-sided send and recv on top of it.
     #[arg(long, value_enum, default_value = "channel")]
     layer: LayerArg,
+    /// Transports to compare, one pair of processes each, interleaved round by round:
+    /// shm, tcp, udp (the network ones with shared memory turned off, on loopback).
+    #[arg(long, value_delimiter = ',', value_parser = transport, default_value = "shm")]
+    transport: Vec<Transport>,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,6 +150,10 @@ struct BwArgs {
     /// packets through the channel (messages above one packet go as several).
     #[arg(long, value_enum, default_value = "p2p")]
     layer: LayerArg,
+    /// Transports to compare, one pair of processes each, interleaved round by round:
+    /// shm, tcp, udp (the network ones with shared memory turned off, on loopback).
+    #[arg(long, value_delimiter = ',', value_parser = transport, default_value = "shm")]
+    transport: Vec<Transport>,
 }
 
 /// Bytes a bandwidth round aims to move.
@@ -180,72 +188,139 @@ fn strategy_arg(name: &str) -> Result<Option<nemesis_lmt::Strategy>> {
     }
 }
 
-fn bandwidth_p2p(pair: &mut Pair, a: &BwArgs, json: bool) -> Result<()> {
+fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Result<()> {
     let lmts = a
         .lmt
         .iter()
         .map(|n| strategy_arg(n))
         .collect::<Result<Vec<_>>>()?;
-    let eager = nemesis::p2p::Config::from_env(pair.channel().max_payload())?.eager_limit;
+    // Each pair's eager limit: larger through a netmod, which carries larger packets.
+    let eager: Vec<usize> = pairs
+        .iter_mut()
+        .map(|p| {
+            let ch = p.channel();
+            let cfg = nemesis::p2p::Config::from_env(ch.max_payload())?;
+            Ok(match p.transport() {
+                Transport::Shm => cfg.eager_limit,
+                _ => cfg.net_eager_limit.min(p.channel().max_payload_to(1)),
+            })
+        })
+        .collect::<Result<_>>()?;
+    let net = pairs.iter().any(|p| p.transport() != Transport::Shm);
     if !json {
         println!(
             "# nemesis two-sided bandwidth (window of {} non-blocking sends), {}",
             a.window,
-            pinning(pair)
+            pinning(&pairs[0])
         );
         println!("# memcpy: one thread copying the same size between two reused buffers, same run");
         println!("# probe: the cache-line ping-pong of the same pair (near: the CPUs share a cache)");
-        println!(
-            "# {:>7} {:>9} {:>9} {:>10} {:>12} {:>6} {:>9}  placement",
-            "size", "lmt", "used", "MiB/s", "memcpy MiB/s", "ratio", "probe ns"
+        if net {
+            println!(
+                "# tcp: the same windows over a plain blocking TCP socket on loopback, same pair; /tcp = MiB/s / tcp"
+            );
+            println!("# the network transports move large messages in chunks; --lmt applies to shm");
+        }
+        print!(
+            "# {:>7} {:>9} {:>9} {:>9} {:>10} {:>12} {:>6} {:>9}",
+            "size", "transport", "lmt", "used", "MiB/s", "memcpy MiB/s", "ratio", "probe ns"
         );
+        if net {
+            print!(" {:>10} {:>6}", "tcp MiB/s", "/tcp");
+        }
+        println!("  placement");
     }
+    // Per pair: the strategies it compares (the network moves large messages in chunks).
+    let plans: Vec<Vec<Option<nemesis_lmt::Strategy>>> = pairs
+        .iter()
+        .map(|p| {
+            if p.transport() == Transport::Shm {
+                lmts.clone()
+            } else {
+                vec![None]
+            }
+        })
+        .collect();
     for &size in &a.sizes {
         let iters = (BW_ROUND_BYTES / (size.max(1) as u64 * a.window)).clamp(1, a.iters);
         let warmup = a.warmup.min(iters);
-        let mut secs = vec![Vec::new(); lmts.len()];
+        let mut secs: Vec<Vec<Vec<f64>>> = plans.iter().map(|l| vec![Vec::new(); l.len()]).collect();
+        let mut tcp_secs = vec![Vec::new(); pairs.len()];
+        let mut probe = vec![Vec::new(); pairs.len()];
         let mut copy = Vec::new();
-        let mut probe = Vec::new();
         for r in 0..a.rounds {
-            pair.probe(2_000, 200, &mut probe)?;
-            for (i, &lmt) in lmts.iter().enumerate() {
-                let name = lmt.map_or("auto", |s| s.name());
-                progress(&format!("bw {size} B {name}: round {}/{}", r + 1, a.rounds));
-                secs[i].push(pair.stream_p2p(size, a.window, iters, warmup, lmt)?);
+            for k in 0..pairs.len() {
+                tend_others(pairs, k)?;
+                let pair = &mut pairs[k];
+                let t = pair.transport().name();
+                pair.probe(2_000, 200, &mut probe[k])?;
+                for (i, &lmt) in plans[k].iter().enumerate() {
+                    let name = lmt.map_or("auto", |s| s.name());
+                    progress(&format!("bw {size} B {t} {name}: round {}/{}", r + 1, a.rounds));
+                    secs[k][i].push(pair.stream_p2p(size, a.window, iters, warmup, lmt)?);
+                }
+                if pair.transport() != Transport::Shm {
+                    progress(&format!("bw {size} B plain tcp: round {}/{}", r + 1, a.rounds));
+                    tcp_secs[k].push(pair.tcp_stream(size, a.window, iters, warmup)?);
+                }
             }
             copy.push(memcpy_mib_s(size));
         }
         progress_done();
         let memcpy = median(copy);
-        let clock = pair.clock();
-        let probe_ns = median(probe.into_iter().map(|t| clock.ns(t) / 2.0).collect());
         let bytes = (size as u64 * a.window * iters) as f64;
-        for (i, &lmt) in lmts.iter().enumerate() {
-            let mib = bytes / median(std::mem::take(&mut secs[i])) / 1048576.0;
-            let name = lmt.map_or("auto", |s| s.name());
-            let used = if size <= eager {
-                "eager"
-            } else {
-                lmt.unwrap_or_else(|| pair.auto_lmt(size)).name()
-            };
-            if json {
-                Json::row("bw", "p2p", size)
-                    .s("lmt", name)
-                    .s("used", used)
-                    .f("mib_s", mib)
-                    .f("memcpy_mib_s", memcpy)
-                    .f("ratio", mib / memcpy)
-                    .f("probe_ns", probe_ns)
-                    .s("placement", placement(probe_ns))
-                    .u("window", a.window)
-                    .print();
-            } else {
-                println!(
-                    "{size:>9} {name:>9} {used:>9} {mib:>10.0} {memcpy:>12.0} {:>6.2} {probe_ns:>9.0}  {}",
-                    mib / memcpy,
-                    placement(probe_ns)
-                );
+        for (k, pair) in pairs.iter_mut().enumerate() {
+            let clock = pair.clock();
+            let probe_ns = median(probe[k].iter().map(|&t| clock.ns(t) / 2.0).collect());
+            let tcp = (!tcp_secs[k].is_empty())
+                .then(|| bytes / median(std::mem::take(&mut tcp_secs[k])) / 1048576.0);
+            let transport = pair.transport().name();
+            for (i, &lmt) in plans[k].iter().enumerate() {
+                let mib = bytes / median(std::mem::take(&mut secs[k][i])) / 1048576.0;
+                let name = lmt.map_or("auto", |s| s.name());
+                let used = if size <= eager[k] {
+                    "eager"
+                } else {
+                    lmt.unwrap_or_else(|| pair.auto_lmt(size)).name()
+                };
+                if json {
+                    let mut row = Json::row("bw", "p2p", transport, size)
+                        .s("lmt", name)
+                        .s("used", used)
+                        .f("mib_s", mib)
+                        .f("memcpy_mib_s", memcpy)
+                        .f("ratio", mib / memcpy)
+                        .f("probe_ns", probe_ns)
+                        .s("placement", placement(probe_ns))
+                        .u("window", a.window);
+                    if let Some(tcp) = tcp {
+                        row = row.f("tcp_mib_s", tcp).f("tcp_ratio", mib / tcp);
+                    }
+                    row.print();
+                } else {
+                    print!(
+                        "{size:>9} {transport:>9} {name:>9} {used:>9} {mib:>10.0} {memcpy:>12.0} {:>6.2} {probe_ns:>9.0}",
+                        mib / memcpy
+                    );
+                    match tcp {
+                        Some(tcp) => print!(" {tcp:>10.0} {:>6.2}", mib / tcp),
+                        None if net => print!(" {:>10} {:>6}", "-", "-"),
+                        None => {}
+                    }
+                    println!("  {}", placement(probe_ns));
+                }
             }
+        }
+    }
+    Ok(())
+}
+
+/// Lets every pair but `k` make progress, so that the idle ones stay healthy while `k`
+/// is measured.
+fn tend_others(pairs: &mut [Pair], k: usize) -> Result<()> {
+    for (i, p) in pairs.iter_mut().enumerate() {
+        if i != k {
+            p.tend()?;
         }
     }
     Ok(())
@@ -312,6 +387,33 @@ struct MemoryArgs {
     procs: Vec<u32>,
 }
 
+fn transport(s: &str) -> Result<Transport, String> {
+    Transport::from_name(s.trim()).ok_or_else(|| format!("{s:?} is not a transport (shm, tcp or udp)"))
+}
+
+/// One pair per transport, pinned alike.
+fn pairs(transports: &[Transport], pin: bool) -> Result<Vec<Pair>> {
+    let mut seen = Vec::new();
+    for &t in transports {
+        if seen.contains(&t) {
+            anyhow::bail!("--transport {} is given twice", t.name());
+        }
+        seen.push(t);
+    }
+    let cpus = if pin { measure::pair_cpus() } else { None };
+    transports
+        .iter()
+        .map(|&t| Pair::start_on(cpus, t).with_context(|| format!("starting the {} pair", t.name())))
+        .collect()
+}
+
+fn finish(pairs: Vec<Pair>) -> Result<()> {
+    for p in pairs {
+        p.finish()?;
+    }
+    Ok(())
+}
+
 fn size(s: &str) -> Result<usize, String> {
     nemesis::shm::config::parse_size(s)
         .and_then(|n| usize::try_from(n).ok())
@@ -325,11 +427,12 @@ impl Json {
     fn new(bench: &str) -> Self {
         Self(format!("{{\"bench\":\"{bench}\""))
     }
-    /// A row about messages of `size` bytes between the pair, through `layer`.
-    fn row(bench: &str, layer: &str, size: usize) -> Self {
+    /// A row about messages of `size` bytes between the pair, through `layer` and
+    /// `transport`.
+    fn row(bench: &str, layer: &str, transport: &str, size: usize) -> Self {
         Self::new(bench)
             .s("layer", layer)
-            .s("transport", "shm")
+            .s("transport", transport)
             .u("size", size as u64)
     }
     fn s(mut self, k: &str, v: &str) -> Self {
@@ -382,80 +485,141 @@ fn pinning(pair: &Pair) -> String {
     }
 }
 
-fn latency(pair: &mut Pair, a: &LatencyArgs, json: bool) -> Result<()> {
-    let clock = pair.clock();
+fn latency(pairs: &mut [Pair], a: &LatencyArgs, json: bool) -> Result<()> {
     let p2p = a.layer == LayerArg::P2p;
+    let net = pairs.iter().any(|p| p.transport() != Transport::Shm);
     if !json {
         println!(
             "# nemesis {} latency, one way (half the round trip), {}",
             a.layer.name(),
-            pinning(pair)
+            pinning(&pairs[0])
         );
         println!("# probe: one cache line written by both processes in turn (the placement probe)");
         println!("# floor: one line per direction, each written by one side (what a fastbox costs at best)");
         if p2p {
             println!("# channel: the same ping-pong through the channel underneath; /chan = p2p / channel");
         }
+        if net {
+            println!(
+                "# tcp: a plain TCP ping-pong on loopback between the same two processes (at least \
+                 1 byte), blocking in read; /tcp = p50 / tcp"
+            );
+            println!("# spin: the same with both sides polling a non-blocking socket, as the netmods do");
+        }
         println!("# all measured by the same two processes, interleaved round by round");
         print!(
-            "# {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7}",
-            "size", "p50 ns", "p99 ns", "mean ns", "probe ns", "floor ns", "ratio", "/floor"
+            "# {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7}",
+            "size", "transport", "p50 ns", "p99 ns", "mean ns", "probe ns", "floor ns", "ratio", "/floor"
         );
         if p2p {
             print!(" {:>9} {:>6}", "chan ns", "/chan");
         }
+        if net {
+            print!(" {:>9} {:>6} {:>9} {:>6}", "tcp ns", "/tcp", "spin ns", "/spin");
+        }
         println!("  placement");
     }
     for &size in &a.sizes {
-        let (mut lat, mut probe, mut floor, mut chan) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let n = pairs.len();
+        let (mut lat, mut probe, mut floor, mut chan, mut tcp, mut spin) = (
+            vec![Vec::new(); n],
+            vec![Vec::new(); n],
+            vec![Vec::new(); n],
+            vec![Vec::new(); n],
+            vec![Vec::new(); n],
+            vec![Vec::new(); n],
+        );
         for r in 0..a.rounds {
-            progress(&format!("latency {size} B: round {}/{}", r + 1, a.rounds));
-            pair.probe(a.iters, a.warmup, &mut probe)?;
-            pair.ping_pong_through(a.layer.layer(), size, a.iters, a.warmup, &mut lat)?;
-            if p2p {
-                pair.ping_pong(size, a.iters, a.warmup, &mut chan)?;
+            for k in 0..n {
+                tend_others(pairs, k)?;
+                let pair = &mut pairs[k];
+                let t = pair.transport().name();
+                progress(&format!("latency {size} B {t}: round {}/{}", r + 1, a.rounds));
+                pair.probe(a.iters, a.warmup, &mut probe[k])?;
+                pair.ping_pong_through(a.layer.layer(), size, a.iters, a.warmup, &mut lat[k])?;
+                if p2p {
+                    pair.ping_pong(size, a.iters, a.warmup, &mut chan[k])?;
+                }
+                pair.floor(a.iters, a.warmup, &mut floor[k])?;
+                if pair.transport() != Transport::Shm {
+                    pair.tcp_ping_pong(size, a.iters, a.warmup, false, &mut tcp[k])?;
+                    pair.tcp_ping_pong(size, a.iters, a.warmup, true, &mut spin[k])?;
+                }
             }
-            pair.floor(a.iters, a.warmup, &mut floor)?;
         }
         progress_done();
-        let half = |v: Vec<u64>| v.into_iter().map(|t| clock.ns(t) / 2.0).collect::<Vec<_>>();
-        let c = Summary::of(&mut half(lat)).context("no samples")?;
-        let p = Summary::of(&mut half(probe)).context("no samples")?;
-        let f = Summary::of(&mut half(floor)).context("no samples")?;
-        let ch = if p2p { Summary::of(&mut half(chan)) } else { None };
-        let ratio = c.p50 / p.p50;
-        if json {
-            let mut row = Json::row("latency", a.layer.name(), size)
-                .f("p50_ns", c.p50)
-                .f("p99_ns", c.p99)
-                .f("mean_ns", c.mean)
-                .f("min_ns", c.min)
-                .f("probe_ns", p.p50)
-                .f("ratio", ratio)
-                .f("floor_ns", f.p50)
-                .f("floor_ratio", c.p50 / f.p50);
-            if let Some(ch) = ch {
-                row = row.f("channel_ns", ch.p50).f("channel_ratio", c.p50 / ch.p50);
+        for (k, pair) in pairs.iter().enumerate() {
+            let clock = pair.clock();
+            let half = |v: &mut Vec<u64>| {
+                std::mem::take(v)
+                    .into_iter()
+                    .map(|t| clock.ns(t) / 2.0)
+                    .collect::<Vec<_>>()
+            };
+            let c = Summary::of(&mut half(&mut lat[k])).context("no samples")?;
+            let p = Summary::of(&mut half(&mut probe[k])).context("no samples")?;
+            let f = Summary::of(&mut half(&mut floor[k])).context("no samples")?;
+            let ch = if p2p {
+                Summary::of(&mut half(&mut chan[k]))
+            } else {
+                None
+            };
+            let tc = Summary::of(&mut half(&mut tcp[k]));
+            let sp = Summary::of(&mut half(&mut spin[k]));
+            let ratio = c.p50 / p.p50;
+            let transport = pair.transport().name();
+            if json {
+                let mut row = Json::row("latency", a.layer.name(), transport, size)
+                    .f("p50_ns", c.p50)
+                    .f("p99_ns", c.p99)
+                    .f("mean_ns", c.mean)
+                    .f("min_ns", c.min)
+                    .f("probe_ns", p.p50)
+                    .f("ratio", ratio)
+                    .f("floor_ns", f.p50)
+                    .f("floor_ratio", c.p50 / f.p50);
+                if let Some(ch) = ch {
+                    row = row.f("channel_ns", ch.p50).f("channel_ratio", c.p50 / ch.p50);
+                }
+                if let (Some(tc), Some(sp)) = (tc, sp) {
+                    row = row
+                        .f("tcp_ns", tc.p50)
+                        .f("tcp_ratio", c.p50 / tc.p50)
+                        .f("tcp_spin_ns", sp.p50)
+                        .f("tcp_spin_ratio", c.p50 / sp.p50);
+                }
+                row.s("placement", placement(p.p50))
+                    .u("samples", c.count as u64)
+                    .print();
+            } else {
+                print!(
+                    "{:>9} {:>9} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>7.2} {:>7.2}",
+                    size,
+                    transport,
+                    c.p50,
+                    c.p99,
+                    c.mean,
+                    p.p50,
+                    f.p50,
+                    ratio,
+                    c.p50 / f.p50
+                );
+                if let Some(ch) = ch {
+                    print!(" {:>9.1} {:>6.2}", ch.p50, c.p50 / ch.p50);
+                }
+                match (tc, sp) {
+                    (Some(tc), Some(sp)) => print!(
+                        " {:>9.1} {:>6.2} {:>9.1} {:>6.2}",
+                        tc.p50,
+                        c.p50 / tc.p50,
+                        sp.p50,
+                        c.p50 / sp.p50
+                    ),
+                    _ if net => print!(" {:>9} {:>6} {:>9} {:>6}", "-", "-", "-", "-"),
+                    _ => {}
+                }
+                println!("  {}", placement(p.p50));
             }
-            row.s("placement", placement(p.p50))
-                .u("samples", c.count as u64)
-                .print();
-        } else {
-            print!(
-                "{:>9} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>7.2} {:>7.2}",
-                size,
-                c.p50,
-                c.p99,
-                c.mean,
-                p.p50,
-                f.p50,
-                ratio,
-                c.p50 / f.p50
-            );
-            if let Some(ch) = ch {
-                print!(" {:>9.1} {:>6.2}", ch.p50, c.p50 / ch.p50);
-            }
-            println!("  {}", placement(p.p50));
         }
     }
     Ok(())
@@ -502,7 +666,7 @@ fn bandwidth(pair: &mut Pair, a: &StreamArgs, json: bool) -> Result<()> {
         let bytes = (size as u64 * a.window * iters) as f64;
         let (mb, mib) = (bytes / s / 1e6, bytes / s / (1024.0 * 1024.0));
         if json {
-            Json::row("bw", "channel", size)
+            Json::row("bw", "channel", pair.transport().name(), size)
                 .f("mb_s", mb)
                 .f("mib_s", mib)
                 .u("window", a.window)
@@ -527,7 +691,7 @@ fn msgrate(pair: &mut Pair, sizes: &[usize], a: &RateRest, json: bool) -> Result
         let s = stream_median(pair, "msgrate", size, a.window, a.iters, a.warmup, a.rounds)?;
         let rate = (a.window * a.iters) as f64 / s;
         if json {
-            Json::row("msgrate", "channel", size)
+            Json::row("msgrate", "channel", pair.transport().name(), size)
                 .f("msgs_per_s", rate)
                 .u("window", a.window)
                 .print();
@@ -650,12 +814,12 @@ fn memory(a: &MemoryArgs, json: bool) -> Result<()> {
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Some(Cmd::Latency(a)) => {
-            let mut pair = Pair::start(!a.no_pin)?;
-            latency(&mut pair, &a, cli.json)?;
-            pair.finish()?;
+            let mut pairs = pairs(&a.transport, !a.no_pin)?;
+            latency(&mut pairs, &a, cli.json)?;
+            finish(pairs)?;
         }
         Some(Cmd::Bw(a)) => {
-            let mut pair = Pair::start(!a.no_pin)?;
+            let mut pairs = pairs(&a.transport, !a.no_pin)?;
             if a.layer == LayerArg::Channel {
                 let s = StreamArgs {
                     sizes: a.sizes.clone(),
@@ -665,11 +829,14 @@ fn run(cli: Cli) -> Result<()> {
                     rounds: a.rounds,
                     no_pin: a.no_pin,
                 };
-                bandwidth(&mut pair, &s, cli.json)?;
+                for k in 0..pairs.len() {
+                    tend_others(&mut pairs, k)?;
+                    bandwidth(&mut pairs[k], &s, cli.json)?;
+                }
             } else {
-                bandwidth_p2p(&mut pair, &a, cli.json)?;
+                bandwidth_p2p(&mut pairs, &a, cli.json)?;
             }
-            pair.finish()?;
+            finish(pairs)?;
         }
         Some(Cmd::Msgrate(a)) => {
             let mut pair = Pair::start(!a.rest.no_pin)?;
@@ -682,13 +849,13 @@ fn run(cli: Cli) -> Result<()> {
         None => {
             let lat = LatencyArgs::parse_defaults();
             let bw = BwArgs::parse_defaults();
-            let mut pair = Pair::start(true)?;
-            latency(&mut pair, &lat, cli.json)?;
+            let mut pairs = pairs(&[Transport::Shm], true)?;
+            latency(&mut pairs, &lat, cli.json)?;
             if !cli.json {
                 println!();
             }
-            bandwidth_p2p(&mut pair, &bw, cli.json)?;
-            pair.finish()?;
+            bandwidth_p2p(&mut pairs, &bw, cli.json)?;
+            finish(pairs)?;
         }
     }
     Ok(())

@@ -3,7 +3,7 @@
 
 use super::{MeasureError, ROLE_VAR, Result, end_job, start_job};
 use crate::Channel;
-use crate::channel::ShmChannel;
+use crate::channel::NemesisChannel;
 use crate::p2p::{Config, Op, World};
 use std::time::Instant;
 
@@ -50,12 +50,12 @@ pub(super) fn coll_rank() -> Result<()> {
         .split_once(',')
         .and_then(|(i, r)| Some((i.parse().ok()?, r.parse().ok()?)));
     let (iters, rounds) = parsed.ok_or_else(|| MeasureError::Other(format!("{COLL_VAR}={v:?}")))?;
-    let mut ch = ShmChannel::init()?;
+    let mut ch = NemesisChannel::init()?;
     run(&mut ch, iters, rounds)?;
     Ok(())
 }
 
-fn run(ch: &mut ShmChannel, iters: u64, rounds: u32) -> Result<Vec<CollRound>> {
+fn run(ch: &mut NemesisChannel, iters: u64, rounds: u32) -> Result<Vec<CollRound>> {
     let base = Config::from_env(ch.max_payload())?;
     let warmup = (iters / 10).max(10);
     let mut out = Vec::new();

@@ -18,9 +18,14 @@ pub use pin::{allowed_cpus, pair_cpus, pin_to};
 pub use stats::Summary;
 
 use crate::bootstrap::{Boot, BootError, PmiClient};
-use crate::channel::{Channel, ChannelError, Header, Packet, ShmChannel};
+use crate::channel::{Channel, ChannelError, Header, NO_SHM_VAR, NemesisChannel, Packet, ShmChannel};
 use crate::launch::server::process_mapping;
 use crate::launch::{Exit, Job, LaunchError, Pmi, Spec, Watch, new_kvsname};
+use nemesis_shm::Segment;
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -41,6 +46,50 @@ const OP_QUIT: u32 = 4;
 const OP_FLOOR: u32 = 5;
 const OP_ECHO_P2P: u32 = 6;
 const OP_SINK_P2P: u32 = 7;
+const OP_TCP_CONNECT: u32 = 8;
+const OP_TCP_ECHO: u32 = 9;
+const OP_TCP_SINK: u32 = 10;
+
+/// Which transport carries a pair's messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// The node's shared segment.
+    Shm,
+    /// The tcp netmod, shared memory turned off (`NEMESIS_NO_SHM=1`).
+    Tcp,
+    /// The udp netmod, shared memory turned off.
+    Udp,
+}
+
+impl Transport {
+    /// Every transport, by name.
+    pub const ALL: [Transport; 3] = [Transport::Shm, Transport::Tcp, Transport::Udp];
+
+    /// Its name, as in the JSON rows and `NEMESIS_NETMOD`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Shm => "shm",
+            Transport::Tcp => "tcp",
+            Transport::Udp => "udp",
+        }
+    }
+
+    /// The transport called `name`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.name() == name)
+    }
+
+    /// The variables that force it on both processes of a pair.
+    fn env(self) -> Vec<(OsString, OsString)> {
+        match self {
+            Transport::Shm => Vec::new(),
+            net => vec![
+                (NO_SHM_VAR.into(), "1".into()),
+                (nemesis_net::config::NETMOD_VAR.into(), net.name().into()),
+            ],
+        }
+    }
+}
 
 /// Which layer a latency measurement goes through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,7 +191,7 @@ fn args_of(p: &[u8]) -> Result<[u64; 3]> {
 /// Calls `alive` now and then, so a dead peer ends the wait.
 #[inline]
 fn spin_recv(
-    ch: &mut ShmChannel,
+    ch: &mut NemesisChannel,
     buf: &mut [u8],
     alive: &mut dyn FnMut() -> Result<()>,
 ) -> Result<(Header, usize)> {
@@ -174,32 +223,69 @@ fn spin_recv(
     }
 }
 
-/// Waits (spin, yield, sleep) until one packet arrives.
-fn blocking_recv(ch: &mut ShmChannel, peers_alive: &mut dyn FnMut() -> Result<()>) -> Result<(Header, u64)> {
+/// Waits (spin, yield, sleep) until one packet arrives; copies up to `buf.len()` bytes
+/// of it into `buf` and returns its header and length.
+fn blocking_recv(
+    ch: &mut NemesisChannel,
+    buf: &mut [u8],
+    peers_alive: &mut dyn FnMut() -> Result<()>,
+) -> Result<(Header, usize)> {
+    let mut last_check = Instant::now();
     loop {
         let mut got = None;
         ch.poll(|p| {
-            got = Some((
-                p.header,
-                p.payload
-                    .get(..8)
-                    .map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8"))),
-            ))
+            if got.is_none() {
+                let n = p.payload.len().min(buf.len());
+                buf[..n].copy_from_slice(&p.payload[..n]);
+                got = Some((p.header, p.payload.len()));
+            }
         })?;
         if let Some(g) = got {
             return Ok(g);
         }
         ch.wait(Some(Duration::from_secs(1)))?;
-        if !ch.ready() {
+        if last_check.elapsed() >= Duration::from_secs(1) {
+            last_check = Instant::now();
             peers_alive()?;
         }
+    }
+}
+
+/// The segment whose cache lines the placement probe uses: the channel's own when the
+/// partner shares it, or else the node's segment joined just for the probe (the
+/// channel goes through the network and made none).
+fn probe_segment(ch: &NemesisChannel) -> Result<Arc<Segment>> {
+    if ch.shm().has_local_peers() {
+        return Ok(ch.shm().segment().clone());
+    }
+    let info = ch
+        .boot_info()
+        .ok_or_else(|| MeasureError::Other("a probe needs a channel made at start-up".into()))?;
+    let spec = ShmChannel::node_spec(info)?;
+    let seg = Segment::join(&spec, info.local_index).map_err(ChannelError::from)?;
+    Ok(Arc::new(seg))
+}
+
+/// Reads the variables of `env` first, then the process's own: how rank 0 of a pair
+/// sees the variables its partner is started with.
+fn overlay(env: &[(OsString, OsString)]) -> impl Fn(&str) -> Option<String> + '_ {
+    move |k| {
+        env.iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.to_string_lossy().into_owned())
+            .or_else(|| std::env::var(k).ok())
     }
 }
 
 /// Two processes, this one rank 0, measuring the channel between them.
 #[derive(Debug)]
 pub struct Pair {
-    ch: ShmChannel,
+    ch: NemesisChannel,
+    transport: Transport,
+    probe_seg: Arc<Segment>,
+    /// A plain TCP connection to the partner, for the reference figures of the
+    /// network transports; made on first use.
+    tcp: Option<TcpStream>,
     job: Option<Job>,
     clock: Clock,
     pinned: Option<(usize, usize)>,
@@ -207,15 +293,28 @@ pub struct Pair {
 }
 
 impl Pair {
-    /// Starts the partner from this executable and joins it. With `pin`, and two CPUs
-    /// to choose from, each side runs on a CPU of its own.
+    /// Starts the partner from this executable and joins it over shared memory. With
+    /// `pin`, and two CPUs to choose from, each side runs on a CPU of its own.
     pub fn start(pin: bool) -> Result<Self> {
-        let pinned = if pin { pair_cpus() } else { None };
+        Self::start_over(pin, Transport::Shm)
+    }
+
+    /// As [`Pair::start`], with the messages going over `transport`.
+    pub fn start_over(pin: bool, transport: Transport) -> Result<Self> {
+        Self::start_on(if pin { pair_cpus() } else { None }, transport)
+    }
+
+    /// As [`Pair::start_over`], pinning rank 0 and the partner to the CPUs `pinned`
+    /// names. Pairs started one after the other must be given the same CPUs: once rank
+    /// 0 is pinned, it would find only its own CPU to choose from.
+    pub fn start_on(pinned: Option<(usize, usize)>, transport: Transport) -> Result<Self> {
         let mut env = vec![(ROLE_VAR.into(), "partner".into())];
         if let Some((_, c1)) = pinned {
             env.push((CPU_VAR.into(), c1.to_string().into()));
         }
+        env.extend(transport.env());
         let (job, ch) = start_job(2, env)?;
+        let probe_seg = probe_segment(&ch)?;
         if let Some((c0, _)) = pinned {
             pin_to(c0).map_err(|e| MeasureError::Other(format!("pinning to cpu {c0}: {e}")))?;
         }
@@ -223,11 +322,19 @@ impl Pair {
         let max = ch.max_payload();
         Ok(Self {
             ch,
+            transport,
+            probe_seg,
+            tcp: None,
             job: Some(job),
             clock,
             pinned,
             buf: vec![0; max.max(24)],
         })
+    }
+
+    /// The transport the pair's messages take.
+    pub fn transport(&self) -> Transport {
+        self.transport
     }
 
     /// The CPUs of rank 0 and rank 1, when pinned.
@@ -236,7 +343,7 @@ impl Pair {
     }
 
     /// The channel to the partner.
-    pub fn channel(&mut self) -> &mut ShmChannel {
+    pub fn channel(&mut self) -> &mut NemesisChannel {
         &mut self.ch
     }
 
@@ -377,7 +484,7 @@ impl Pair {
     }
 
     fn line_ping_pong(&mut self, op: u32, iters: u64, warmup: u64, rtt: &mut Vec<u64>) -> Result<()> {
-        let seg = self.ch.segment().clone();
+        let seg = self.probe_seg.clone();
         let [ping_line, pong_line] = seg.probe_lines();
         let pong_line = if op == OP_PROBE { ping_line } else { pong_line };
         let base = ping_line
@@ -480,9 +587,99 @@ impl Pair {
         Ok(start.elapsed().as_secs_f64())
     }
 
-    /// The strategy automatic selection gives a message of `size` bytes between the two.
+    /// The strategy automatic selection gives a message of `size` bytes between the two
+    /// (above the eager limit).
     pub fn auto_lmt(&mut self, size: usize) -> nemesis_lmt::Strategy {
-        self.ch.local_lmt().auto_choice(size)
+        if self.transport != Transport::Shm {
+            return nemesis_lmt::Strategy::Chunks;
+        }
+        self.ch.shm_mut().local_lmt().auto_choice(size)
+    }
+
+    /// Connects the plain TCP socket of the reference figures, once.
+    fn plain_tcp(&mut self) -> Result<&mut TcpStream> {
+        if self.tcp.is_none() {
+            let io = |what: &str, e: std::io::Error| MeasureError::Other(format!("plain tcp: {what}: {e}"));
+            let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| io("bind", e))?;
+            let port = l.local_addr().map_err(|e| io("local address", e))?.port();
+            self.command(OP_TCP_CONNECT, [u64::from(port), 0, 0])?;
+            let (s, _) = l.accept().map_err(|e| io("accept", e))?;
+            s.set_nodelay(true).map_err(|e| io("TCP_NODELAY", e))?;
+            self.tcp = Some(s);
+        }
+        Ok(self.tcp.as_mut().expect("connected above"))
+    }
+
+    /// The reference for the network transports: `warmup + iters` ping-pongs of
+    /// `size` bytes (at least 1) over a plain TCP socket on loopback between the same two
+    /// processes, both sides blocking in `read`, or with `spin` both polling a
+    /// non-blocking socket as the netmods do. Pushes round-trip ticks onto `rtt`.
+    pub fn tcp_ping_pong(
+        &mut self,
+        size: usize,
+        iters: u64,
+        warmup: u64,
+        spin: bool,
+        rtt: &mut Vec<u64>,
+    ) -> Result<()> {
+        let size = size.max(1);
+        self.plain_tcp()?;
+        self.command(OP_TCP_ECHO, [warmup + iters, size as u64, u64::from(spin)])?;
+        let clock = self.clock;
+        let s = self.tcp.as_mut().expect("connected");
+        let io = |e: std::io::Error| MeasureError::Other(format!("plain tcp ping-pong: {e}"));
+        s.set_nonblocking(spin).map_err(io)?;
+        let msg = vec![0xa5u8; size];
+        let mut back = vec![0u8; size];
+        for i in 0..warmup + iters {
+            let t0 = clock.now();
+            s.write_all(&msg).map_err(io)?;
+            read_all(s, &mut back).map_err(io)?;
+            let t1 = clock.now();
+            if i >= warmup {
+                rtt.push(t1.wrapping_sub(t0));
+            }
+        }
+        s.set_nonblocking(false).map_err(io)
+    }
+
+    /// The reference for the network transports: osu_bw-style streaming over a plain
+    /// blocking TCP socket, `warmup + iters` windows of `window` messages of `size`
+    /// bytes, each window acknowledged by 4 bytes back. Returns the seconds of the last
+    /// `iters` windows.
+    pub fn tcp_stream(&mut self, size: usize, window: u64, iters: u64, warmup: u64) -> Result<f64> {
+        self.plain_tcp()?;
+        self.command(OP_TCP_SINK, [warmup + iters, window, size as u64])?;
+        let s = self.tcp.as_mut().expect("connected");
+        let mut msg = PageAligned::new(size);
+        msg.fill(0x5a);
+        let mut ack = [0u8; 4];
+        let io = |e: std::io::Error| MeasureError::Other(format!("plain tcp stream: {e}"));
+        let mut start = Instant::now();
+        for it in 0..warmup + iters {
+            if it == warmup {
+                start = Instant::now();
+            }
+            for _ in 0..window {
+                s.write_all(&msg).map_err(io)?;
+            }
+            s.read_exact(&mut ack).map_err(io)?;
+        }
+        Ok(start.elapsed().as_secs_f64())
+    }
+
+    /// Lets the pair's channel make progress between its measurements, while another
+    /// pair is measured: acknowledgements a reliable datagram netmod owes go out, so the
+    /// partner does not take us for dead. Nothing should arrive.
+    pub fn tend(&mut self) -> Result<()> {
+        let mut stray = 0;
+        self.ch.poll(|_| stray += 1)?;
+        if stray > 0 {
+            return Err(MeasureError::Protocol(format!(
+                "{stray} stray packets between measurements"
+            )));
+        }
+        Ok(())
     }
 
     /// Tells the partner to quit and waits for it.
@@ -501,12 +698,25 @@ fn partner() -> Result<()> {
     if let Some(cpu) = std::env::var(CPU_VAR).ok().and_then(|c| c.parse().ok()) {
         pin_to(cpu).map_err(|e| MeasureError::Other(format!("pinning to cpu {cpu}: {e}")))?;
     }
-    let mut ch = ShmChannel::init()?;
+    let mut ch = NemesisChannel::init()?;
+    let probe_seg = probe_segment(&ch)?;
     let mut buf = vec![0u8; ch.max_payload().max(24)];
+    let mut tcp: Option<TcpStream> = None;
     // Our parent's death kills us (parent-death signal); nothing else to watch.
     let mut alive = || Ok(());
+    let policy = ch.shm().wait_policy();
+    // Between measurements, sleep at once rather than spin or yield: another pair may
+    // be measuring on the same CPU.
+    let idle = crate::WaitPolicy {
+        spin: 0,
+        yields: 0,
+        ..policy
+    };
     loop {
-        let (h, len) = spin_recv(&mut ch, &mut buf, &mut alive)?;
+        ch.shm_mut().set_wait_policy(idle);
+        let got = blocking_recv(&mut ch, &mut buf, &mut alive);
+        ch.shm_mut().set_wait_policy(policy);
+        let (h, len) = got?;
         if h.kind != KIND_CTRL {
             return Err(MeasureError::Protocol(format!(
                 "expected a control packet, got {h:?}"
@@ -540,7 +750,7 @@ fn partner() -> Result<()> {
                 }
             }
             OP_PROBE | OP_FLOOR => {
-                let seg = ch.segment().clone();
+                let seg = probe_seg.clone();
                 let [ping_line, pong_line] = seg.probe_lines();
                 let pong_line = if h.aux == OP_PROBE { ping_line } else { pong_line };
                 ch.send_bytes(0, ack, &[])?;
@@ -574,12 +784,59 @@ fn partner() -> Result<()> {
                 let other = |e: crate::P2pError| MeasureError::Other(e.to_string());
                 let mut w = crate::World::new(&mut ch).map_err(other)?;
                 let c = w.comm();
-                let mut sink = PageAligned::new(size as usize);
+                // As osu_bw does, the window's receives are posted before any arrives, so a
+                // rendezvous's handshakes overlap; as many buffers as fit SINK_BYTES.
+                let depth = (SINK_BYTES / size.max(1)).clamp(1, window) as usize;
+                let mut sinks: Vec<PageAligned> =
+                    (0..depth).map(|_| PageAligned::new(size as usize)).collect();
                 for _ in 0..count {
-                    for _ in 0..window {
-                        w.recv(&c, 0, 1, &mut sink).map_err(other)?;
+                    let mut left = window as usize;
+                    while left > 0 {
+                        let k = left.min(depth);
+                        w.scope(|s| {
+                            let reqs = sinks[..k]
+                                .iter_mut()
+                                .map(|b| s.irecv(&c, 0, 1, &mut b[..]))
+                                .collect::<std::result::Result<Vec<_>, _>>()?;
+                            s.waitall(reqs).map(|_| ())
+                        })
+                        .map_err(other)?;
+                        left -= k;
                     }
                     w.send(&c, 0, 2, &[0; 4]).map_err(other)?;
+                }
+            }
+            OP_TCP_CONNECT => {
+                let s = TcpStream::connect((Ipv4Addr::LOCALHOST, count as u16))
+                    .and_then(|s| s.set_nodelay(true).map(|_| s))
+                    .map_err(|e| MeasureError::Other(format!("plain tcp connect: {e}")))?;
+                tcp = Some(s);
+                ch.send_bytes(0, ack, &[])?;
+            }
+            OP_TCP_ECHO | OP_TCP_SINK => {
+                let s = tcp
+                    .as_mut()
+                    .ok_or_else(|| MeasureError::Protocol("plain tcp is not connected".into()))?;
+                let [_, arg2, arg3] = args_of(&buf[..len])?;
+                ch.send_bytes(0, ack, &[])?;
+                let io = |e: std::io::Error| MeasureError::Other(format!("plain tcp: {e}"));
+                if h.aux == OP_TCP_ECHO {
+                    let mut m = vec![0u8; arg as usize];
+                    s.set_nonblocking(arg3 != 0).map_err(io)?;
+                    for _ in 0..count {
+                        read_all(s, &mut m).map_err(io)?;
+                        s.write_all(&m).map_err(io)?;
+                    }
+                    s.set_nonblocking(false).map_err(io)?;
+                } else {
+                    let (window, size) = (arg2, arg3 as usize);
+                    let mut m = PageAligned::new(size);
+                    for _ in 0..count {
+                        for _ in 0..window {
+                            s.read_exact(&mut m).map_err(io)?;
+                        }
+                        s.write_all(&[0; 4]).map_err(io)?;
+                    }
                 }
             }
             OP_QUIT => {
@@ -590,6 +847,24 @@ fn partner() -> Result<()> {
         }
     }
 }
+
+/// Fills `buf` from `s`, spinning while a non-blocking socket has nothing yet.
+fn read_all(s: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<()> {
+    let mut at = 0;
+    while at < buf.len() {
+        match s.read(&mut buf[at..]) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => at += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => core::hint::spin_loop(),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Most bytes of receive buffers a bandwidth partner posts at once.
+const SINK_BYTES: u64 = 256 << 20;
 
 /// A buffer that starts on a page boundary, as benchmark buffers do (osu's too): two
 /// heap buffers a few bytes apart modulo 4096 can make copies between them many times
@@ -625,7 +900,7 @@ impl std::ops::DerefMut for PageAligned {
 
 /// Sets the large-message policy of `ch` from a strategy code (0: automatic, else the
 /// wire code plus one), keeping the rest of the policy.
-fn set_lmt(ch: &mut ShmChannel, code: u64) -> Result<()> {
+fn set_lmt(ch: &mut NemesisChannel, code: u64) -> Result<()> {
     let force = match code {
         0 => None,
         c => Some(
@@ -635,7 +910,7 @@ fn set_lmt(ch: &mut ShmChannel, code: u64) -> Result<()> {
                 .ok_or_else(|| MeasureError::Protocol(format!("unknown strategy code {c}")))?,
         ),
     };
-    let lmt = ch.local_lmt();
+    let lmt = ch.shm_mut().local_lmt();
     let p = nemesis_lmt::Policy {
         force,
         ..lmt.policy()
@@ -656,7 +931,7 @@ pub struct RingResult {
 
 /// Starts ranks `1..size` of a job from this executable, with `env`, and joins it as
 /// rank 0 through the same PMI path as they do.
-fn start_job(size: u32, env: Vec<(std::ffi::OsString, std::ffi::OsString)>) -> Result<(Job, ShmChannel)> {
+fn start_job(size: u32, env: Vec<(OsString, OsString)>) -> Result<(Job, NemesisChannel)> {
     let exe = std::env::current_exe().map_err(|e| MeasureError::Other(format!("current_exe: {e}")))?;
     let spec = Spec {
         program: exe.into_os_string(),
@@ -664,7 +939,7 @@ fn start_job(size: u32, env: Vec<(std::ffi::OsString, std::ffi::OsString)>) -> R
         size,
         ranks: 1..size,
         kvsname: new_kvsname(),
-        env,
+        env: env.clone(),
         label: false,
         pmi: Pmi::Serve {
             mapping: process_mapping(&[size]),
@@ -678,7 +953,7 @@ fn start_job(size: u32, env: Vec<(std::ffi::OsString, std::ffi::OsString)>) -> R
         .ok_or_else(|| MeasureError::Other("no PMI socket for rank 0".into()))?;
     let timeout = Duration::from_secs(60);
     let boot = Boot::with_client(PmiClient::from_socket(sock, 0, size, timeout), timeout)?;
-    Ok((job, ShmChannel::from_boot(boot)?))
+    Ok((job, NemesisChannel::from_boot_with(boot, overlay(&env))?))
 }
 
 /// Waits up to `timeout` for the partners of a job to exit, and fails if one did not
@@ -725,7 +1000,7 @@ fn ring_rank() -> Result<()> {
         .ok()
         .and_then(|v| v.parse().ok())
         .ok_or_else(|| MeasureError::Other(format!("{RING_VAR} is not set")))?;
-    let mut ch = ShmChannel::init()?;
+    let mut ch = NemesisChannel::init()?;
     // Rank 0 is our parent: its death kills us (parent-death signal).
     run_ring(&mut ch, messages, &mut || Ok(()))?;
     Ok(())
@@ -733,7 +1008,7 @@ fn ring_rank() -> Result<()> {
 
 /// One rank's part of the ring. Hop `h` goes to rank `h % n`; the rank that receives
 /// the last hop tells rank 0. Returns rank 0's elapsed time.
-fn run_ring(ch: &mut ShmChannel, m: u64, alive: &mut dyn FnMut() -> Result<()>) -> Result<Duration> {
+fn run_ring(ch: &mut NemesisChannel, m: u64, alive: &mut dyn FnMut() -> Result<()>) -> Result<Duration> {
     let (r, n) = (ch.rank() as u64, ch.size() as u64);
     let mine = if r == 0 {
         m / n
@@ -748,7 +1023,9 @@ fn run_ring(ch: &mut ShmChannel, m: u64, alive: &mut dyn FnMut() -> Result<()>) 
     let mut got = 0;
     let mut done = r != 0 || m % n == 0;
     while got < mine || !done {
-        let (h, value) = blocking_recv(ch, alive)?;
+        let mut word = [0u8; 8];
+        let (h, _) = blocking_recv(ch, &mut word, alive)?;
+        let value = u64::from_le_bytes(word);
         match h.kind {
             KIND_DATA => {
                 if value != next {
