@@ -41,12 +41,9 @@ fn main() {
         world.size(),
         hostname()
     );
-    // Without a network module there is no way to meet ranks on other nodes.
-    if !remote {
-        let comm = world.comm();
-        if let Err(e) = world.barrier(&comm) {
-            eprintln!("hello: {e}");
-            std::process::exit(1);
-        }
+    let comm = world.comm();
+    if let Err(e) = world.barrier(&comm) {
+        eprintln!("hello: {e}");
+        std::process::exit(1);
     }
 }

@@ -6,7 +6,8 @@
 #
 # It installs what the tests need when it is missing: valgrind (instruction counts),
 # MPICH (Hydra's mpiexec and mpicc, for the interoperability tests), iproute2 (network
-# namespaces for the multi-host tests), with apt-get; cargo-fuzz with cargo.
+# namespaces for the multi-host tests), nftables (a lossy link for udp), with apt-get;
+# cargo-fuzz with cargo.
 # LOOM_MAX_PREEMPTIONS, when set, overrides each model's preemption bound;
 # FUZZ_SECONDS (default 20) is how long each fuzz target runs.
 set -euo pipefail
@@ -19,6 +20,7 @@ command -v valgrind >/dev/null || missing+=(valgrind)
 command -v mpiexec.mpich >/dev/null || missing+=(mpich)
 command -v mpicc.mpich >/dev/null || missing+=(libmpich-dev)
 command -v ip >/dev/null || missing+=(iproute2)
+command -v nft >/dev/null || missing+=(nftables)
 if ((${#missing[@]})); then
     step "installing ${missing[*]}"
     if [ "$(id -u)" -ne 0 ]; then sudo=sudo; else sudo=; fi

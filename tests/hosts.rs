@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{RUN, example, text};
+use common::{RUN, child_args, child_main, example, text};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -15,6 +15,7 @@ struct Hosts {
     a: String,
     b: String,
     va: String,
+    vb: String,
     addr_a: String,
     addr_b: String,
 }
@@ -44,10 +45,11 @@ impl Hosts {
             a: format!("nmA{id}x{n}"),
             b: format!("nmB{id}x{n}"),
             va: format!("nva{id}x{n}"),
+            vb: format!("nvb{id}x{n}"),
             addr_a: format!("10.{}.{}.1", 100 + id % 100, n % 250),
             addr_b: format!("10.{}.{}.2", 100 + id % 100, n % 250),
         };
-        let vb = format!("nvb{id}x{n}");
+        let vb = h.vb.clone();
         let setup = || -> Result<(), String> {
             ip(&["netns", "add", &h.a])?;
             ip(&["netns", "add", &h.b])?;
@@ -98,6 +100,11 @@ impl Hosts {
 
     /// `nemesis-run` started inside host `a`, spreading ranks over `hosts`.
     fn run(&self, n: u32, hosts: &str) -> Command {
+        self.run_with(n, hosts, "ip netns exec")
+    }
+
+    /// As [`Hosts::run`], with another launcher command.
+    fn run_with(&self, n: u32, hosts: &str, launcher: &str) -> Command {
         let mut c = Command::new("ip");
         c.args([
             "netns",
@@ -113,12 +120,79 @@ impl Hosts {
             "--hosts",
             hosts,
             "--launcher",
-            "ip netns exec",
+            launcher,
             "--pmi-addr",
             &self.addr_a,
             "--",
         ]);
         c
+    }
+}
+
+impl Hosts {
+    /// Makes the link lossy for udp: each end drops about 5 % of the datagrams it
+    /// receives and sends about 1 % of its datagrams twice. `Err` says why it cannot.
+    fn impair(&self) -> Result<(), String> {
+        for (ns, dev) in [(&self.a, &self.va), (&self.b, &self.vb)] {
+            let rules = format!(
+                "table netdev nemesis_impair {{\n\
+                 chain lossy {{ type filter hook ingress device \"{dev}\" priority 0; \
+                 meta l4proto udp numgen random mod 100 < 5 counter drop; }}\n\
+                 chain twice {{ type filter hook egress device \"{dev}\" priority 0; \
+                 meta l4proto udp numgen random mod 100 < 1 counter dup to \"{dev}\"; }}\n}}\n"
+            );
+            let mut c = Command::new("ip")
+                .args(["netns", "exec", ns, "nft", "-f", "-"])
+                .stdin(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .map_err(|e| format!("nft: {e}"))?;
+            use std::io::Write as _;
+            c.stdin
+                .take()
+                .expect("piped")
+                .write_all(rules.as_bytes())
+                .map_err(|e| format!("nft: {e}"))?;
+            let o = c.wait_with_output().map_err(|e| format!("nft: {e}"))?;
+            if !o.status.success() {
+                return Err(format!("nft: {}", String::from_utf8_lossy(&o.stderr).trim()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Datagrams the impairment dropped and duplicated so far, both ends together.
+    fn impaired(&self) -> (u64, u64) {
+        let (mut dropped, mut doubled) = (0, 0);
+        for ns in [&self.a, &self.b] {
+            let o = Command::new("ip")
+                .args([
+                    "netns",
+                    "exec",
+                    ns,
+                    "nft",
+                    "list",
+                    "table",
+                    "netdev",
+                    "nemesis_impair",
+                ])
+                .output()
+                .unwrap();
+            for line in String::from_utf8_lossy(&o.stdout).lines() {
+                let n = line
+                    .split("counter packets ")
+                    .nth(1)
+                    .and_then(|r| r.split_whitespace().next())
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0);
+                if line.contains("drop") {
+                    dropped += n;
+                } else if line.contains("dup to") {
+                    doubled += n;
+                }
+            }
+        }
+        (dropped, doubled)
     }
 }
 
@@ -247,4 +321,147 @@ fn hello_across_two_hosts_with_hydra() {
         "{out}"
     );
     assert_eq!(out.matches("via net").count(), 2, "{out}");
+}
+
+#[test]
+#[ignore = "child process of the multi-process tests"]
+fn child_stress() {
+    child_main(common::stress::child);
+}
+
+/// The netmods, as `NEMESIS_NETMOD` names them.
+const NETMODS: [&str; 2] = ["tcp", "udp"];
+
+/// The ranks say hello, meet at a barrier, and pass a token round, over each netmod.
+#[test]
+fn hello_and_ring_across_two_hosts_over_each_netmod() {
+    let Some(h) = Hosts::new() else { return };
+    let hosts = format!("{},{}", h.a, h.b);
+    for netmod in NETMODS {
+        let o = h
+            .run(4, &hosts)
+            .env("NEMESIS_NETMOD", netmod)
+            .arg(example("hello"))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{netmod}: {}", text(&o));
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout).matches("via net").count(),
+            4,
+            "{netmod}: {}",
+            text(&o)
+        );
+        let o = h
+            .run(4, &hosts)
+            .env("NEMESIS_NETMOD", netmod)
+            .args([example("ring").as_os_str(), "300".as_ref()])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{netmod}: {}", text(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stdout).contains("300 laps of 4 ranks"),
+            "{netmod}: {}",
+            text(&o)
+        );
+    }
+}
+
+/// The randomised two-sided stress test, two ranks on each host: shared memory within
+/// a host, the netmod between them.
+fn stress(h: &Hosts, netmod: &str, rounds: u32) -> std::process::Output {
+    h.run(4, &format!("{},{}", h.a, h.b))
+        .env("NEMESIS_NETMOD", netmod)
+        .env("NEMESIS_TEST_CHILD", "1")
+        .env("STRESS_SEED", "23")
+        .env("STRESS_ROUNDS", rounds.to_string())
+        .args(child_args("stress"))
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn stress_across_two_hosts_over_each_netmod() {
+    let Some(h) = Hosts::new() else { return };
+    for netmod in NETMODS {
+        let o = stress(&h, netmod, 30);
+        assert!(o.status.success(), "{netmod}: {}", text(&o));
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout)
+                .matches("messages checked")
+                .count(),
+            4,
+            "{netmod}: {}",
+            text(&o)
+        );
+    }
+}
+
+/// udp over a link that loses about 5 % of the datagrams and duplicates about 1 %:
+/// every message still arrives, once and in order.
+#[test]
+fn udp_across_a_lossy_duplicating_link() {
+    let Some(h) = Hosts::new() else { return };
+    if let Err(e) = h.impair() {
+        assert!(std::env::var_os("CI").is_none(), "cannot impair the link: {e}");
+        eprintln!("skipping: cannot impair the link ({e})");
+        return;
+    }
+    let o = h
+        .run(4, &format!("{},{}", h.a, h.b))
+        .env("NEMESIS_NETMOD", "udp")
+        .args([example("ring").as_os_str(), "300".as_ref()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("300 laps of 4 ranks"),
+        "{}",
+        text(&o)
+    );
+    let o = stress(&h, "udp", 20);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout)
+            .matches("messages checked")
+            .count(),
+        4,
+        "{}",
+        text(&o)
+    );
+    let (dropped, doubled) = h.impaired();
+    assert!(
+        dropped > 0 && doubled > 0,
+        "the link was not impaired: {dropped} dropped, {doubled} doubled"
+    );
+    eprintln!("the impaired link dropped {dropped} and doubled {doubled} datagrams");
+}
+
+/// A launcher that starts the proxy with an empty environment, as ssh would start it
+/// without the caller's variables: the NEMESIS_* ones still reach the ranks.
+#[test]
+fn nemesis_variables_reach_ranks_whose_launcher_drops_the_environment() {
+    let Some(h) = Hosts::new() else { return };
+    let o = h
+        .run_with(
+            2,
+            &format!("{},{}", h.a, h.b),
+            "env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin ip netns exec",
+        )
+        .args([
+            "sh",
+            "-c",
+            r#"echo "rank $PMI_RANK sees ${NEMESIS_FORWARD_TEST:-nothing} and ${OTHER_VAR:-nothing}""#,
+        ])
+        .env("NEMESIS_FORWARD_TEST", "hi there")
+        .env("OTHER_VAR", "x")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    for r in 0..2 {
+        assert!(
+            out.contains(&format!("rank {r} sees hi there and nothing")),
+            "{out}"
+        );
+    }
 }

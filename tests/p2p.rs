@@ -7,166 +7,8 @@ mod common;
 
 use common::*;
 use nemesis::p2p::Locality;
-use nemesis::{ANY_SOURCE, ANY_TAG, Comm, Op, P2pError, World};
-use std::collections::VecDeque;
+use nemesis::{ANY_SOURCE, ANY_TAG, Op, P2pError};
 use std::time::{Duration, Instant};
-
-/// A small deterministic generator, so every rank derives the same plan.
-struct Mix(u64);
-
-impl Mix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-/// One planned message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Msg {
-    src: u32,
-    dst: u32,
-    tag: i32,
-    len: usize,
-    /// Its place among the messages from `src` to `dst`.
-    seq: u64,
-}
-
-fn byte(m: &Msg, i: usize) -> u8 {
-    let x = (m.src as u64) << 40 ^ (m.dst as u64) << 32 ^ m.seq << 8 ^ i as u64;
-    (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 29) as u8
-}
-
-fn payload(m: &Msg) -> Vec<u8> {
-    (0..m.len).map(|i| byte(m, i)).collect()
-}
-
-/// Sizes from empty to rendezvous-sized, most of them small.
-fn size(mix: &mut Mix) -> usize {
-    match mix.below(100) {
-        0..=9 => 0,
-        10..=54 => 1 + mix.below(64) as usize,
-        55..=79 => 65 + mix.below(8160 - 64) as usize,
-        80..=94 => 8161 + mix.below(60_000) as usize,
-        _ => 70_000 + mix.below(230_000) as usize,
-    }
-}
-
-/// Every rank's messages of every round, the same on every rank.
-fn plan(seed: u64, n: u32, rounds: usize, per_rank: usize) -> Vec<Vec<Msg>> {
-    let mut mix = Mix(seed);
-    let mut seq = vec![0u64; (n * n) as usize];
-    (0..rounds)
-        .map(|_| {
-            let mut round = Vec::new();
-            for src in 0..n {
-                for _ in 0..per_rank {
-                    let dst = mix.below(u64::from(n)) as u32;
-                    let s = &mut seq[(src * n + dst) as usize];
-                    round.push(Msg {
-                        src,
-                        dst,
-                        tag: mix.below(4) as i32,
-                        len: size(&mut mix),
-                        seq: *s,
-                    });
-                    *s += 1;
-                }
-            }
-            round
-        })
-        .collect()
-}
-
-/// Receives this round's messages to `me`, with selectors drawn at random and checked
-/// against MPI's matching rules: a receive gets the first message, in its sender's
-/// order, that its source and tag select.
-fn receive_round(w: &mut World, c: &Comm, mix: &mut Mix, mine: &[Msg]) -> Result<(), String> {
-    let me = w.rank();
-    let n = w.size() as usize;
-    let mut pending: Vec<VecDeque<Msg>> = vec![VecDeque::new(); n];
-    for m in mine {
-        pending[m.src as usize].push_back(*m);
-    }
-    let take = |pending: &mut Vec<VecDeque<Msg>>, src: u32, tag: Option<i32>| -> Option<Msg> {
-        let q = &mut pending[src as usize];
-        let i = q.iter().position(|m| tag.is_none_or(|t| t == m.tag))?;
-        q.remove(i)
-    };
-    let check = |m: &Msg, st: nemesis::Status, data: &[u8]| -> Result<(), String> {
-        if st.source != m.src || st.tag != m.tag || st.len != m.len {
-            return Err(format!("rank {me} expected {m:?}, got {st:?}"));
-        }
-        if data != payload(m).as_slice() {
-            return Err(format!("rank {me}: the contents of {m:?} differ"));
-        }
-        Ok(())
-    };
-    while pending.iter().any(|q| !q.is_empty()) {
-        let srcs: Vec<usize> = (0..n).filter(|&s| !pending[s].is_empty()).collect();
-        let s = srcs[mix.below(srcs.len() as u64) as usize] as u32;
-        let pick = pending[s as usize][mix.below(pending[s as usize].len() as u64) as usize];
-        match mix.below(10) {
-            // A batch of posted receives of the next messages from one source, any tag:
-            // they match in the order they were posted.
-            0 | 1 => {
-                let k = pending[s as usize].len().min(1 + mix.below(4) as usize);
-                let want: Vec<Msg> = pending[s as usize].drain(..k).collect();
-                let mut bufs: Vec<Vec<u8>> = want.iter().map(|m| vec![0u8; m.len]).collect();
-                let got: Vec<nemesis::Status> = w
-                    .scope(|sc| {
-                        let reqs = bufs
-                            .iter_mut()
-                            .map(|b| sc.irecv(c, s, ANY_TAG, b))
-                            .collect::<Result<Vec<_>, _>>()?;
-                        Ok::<_, P2pError>(sc.waitall(reqs)?.iter().map(|d| d.status()).collect())
-                    })
-                    .map_err(|e| e.to_string())?;
-                for ((m, st), b) in want.iter().zip(got).zip(&bufs) {
-                    check(m, st, b)?;
-                }
-            }
-            // Probe, then receive what the probe saw.
-            2 => {
-                let st = w.probe(c, s, pick.tag).map_err(|e| e.to_string())?;
-                let m = take(&mut pending, s, Some(pick.tag)).expect("pick is pending");
-                let mut b = vec![0u8; st.len];
-                let got = w.recv(c, s, pick.tag, &mut b).map_err(|e| e.to_string())?;
-                check(&m, got, &b)?;
-            }
-            sel => {
-                let (src, tag) = match sel {
-                    3 | 4 => (Some(s), Some(pick.tag)),
-                    5 | 6 => (Some(s), None),
-                    7 | 8 => (None, Some(pick.tag)),
-                    _ => (ANY_SOURCE, ANY_TAG),
-                };
-                // Room for the largest message the selector could match.
-                let cap = pending
-                    .iter()
-                    .enumerate()
-                    .filter(|(q, _)| src.is_none_or(|s| s as usize == *q))
-                    .flat_map(|(_, q)| q.iter())
-                    .filter(|m| tag.is_none_or(|t| t == m.tag))
-                    .map(|m| m.len)
-                    .max()
-                    .unwrap_or(0);
-                let mut b = vec![0u8; cap];
-                let st = w.recv(c, src, tag, &mut b).map_err(|e| e.to_string())?;
-                let m = take(&mut pending, st.source, tag)
-                    .ok_or_else(|| format!("rank {me} got {st:?}, which nothing pending matches"))?;
-                check(&m, st, &b[..st.len.min(cap)])?;
-            }
-        }
-    }
-    Ok(())
-}
 
 // ---------------------------------------------------------------------------------
 // Children
@@ -174,45 +16,7 @@ fn receive_round(w: &mut World, c: &Comm, mix: &mut Mix, mine: &[Msg]) -> Result
 #[test]
 #[ignore = "child process of the multi-process tests"]
 fn child_stress() {
-    child_main(|| {
-        let seed: u64 = std::env::var("STRESS_SEED")
-            .map_err(|e| e.to_string())?
-            .parse()
-            .map_err(|_| "seed")?;
-        let rounds: usize = std::env::var("STRESS_ROUNDS")
-            .map_err(|e| e.to_string())?
-            .parse()
-            .map_err(|_| "rounds")?;
-        let mut w = nemesis::init().map_err(|e| e.to_string())?;
-        let c = w.comm();
-        let (me, n) = (w.rank(), w.size());
-        let mut mix = Mix(seed ^ ((u64::from(me) + 1) * 0x1234_5678));
-        let start = Instant::now();
-        let mut count = 0;
-        for (r, round) in plan(seed, n, rounds, 40).iter().enumerate() {
-            let outgoing: Vec<(Msg, Vec<u8>)> = round
-                .iter()
-                .filter(|m| m.src == me)
-                .map(|m| (*m, payload(m)))
-                .collect();
-            let incoming: Vec<Msg> = round.iter().filter(|m| m.dst == me).copied().collect();
-            count += incoming.len();
-            // Every send is started first, so no pair can wait on each other's sends.
-            w.scope(|s| {
-                let sends = outgoing
-                    .iter()
-                    .map(|(m, data)| s.isend(&c, m.dst, m.tag, data))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| e.to_string())?;
-                receive_round(&mut s.world(), &c, &mut mix, &incoming)?;
-                s.waitall(sends).map_err(|e| format!("round {r}: {e}"))?;
-                Ok::<_, String>(())
-            })?;
-            w.barrier(&c).map_err(|e| e.to_string())?;
-        }
-        println!("rank {me}: {count} messages checked in {:.1?}", start.elapsed());
-        Ok(())
-    });
+    child_main(stress::child);
 }
 
 #[test]
@@ -223,8 +27,14 @@ fn child_collectives() {
         let e = |e: P2pError| e.to_string();
         let c = w.comm();
         let (r, n) = (w.rank(), w.size());
-        if w.locality().contains(&Locality::Remote) {
-            return Err("expected every rank on this node".into());
+        // With shared memory off every other rank is reached through the network.
+        let remote = std::env::var("NEMESIS_NO_SHM").is_ok_and(|v| v == "1");
+        let want = if remote { Locality::Remote } else { Locality::Local };
+        if (0..n).any(|p| p != r && w.locality()[p as usize] != want) {
+            return Err(format!(
+                "expected every other rank to be {want:?}: {:?}",
+                w.locality()
+            ));
         }
         for _ in 0..50 {
             w.barrier(&c).map_err(e)?;
@@ -543,5 +353,84 @@ fn a_dead_peer_fails_receives_sends_and_collectives_in_bounded_time() {
         }
         let reason = if leave == "exit" { "is gone" } else { "has left" };
         assert!(out.contains(reason), "{leave}: {}", text(&o));
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The same, with shared memory off: every rank reaches every other through a netmod on
+// loopback. Across hosts, see `tests/hosts.rs`.
+
+/// The netmods, as `NEMESIS_NETMOD` names them.
+const NETMODS: [&str; 2] = ["tcp", "udp"];
+
+/// `nemesis-run -n N` of a child role with every peer behind `netmod`.
+fn run_net(n: u32, role: &str, dir: &std::path::Path, netmod: &str) -> std::process::Command {
+    let mut c = run(n, role, dir);
+    c.env("NEMESIS_NO_SHM", "1").env("NEMESIS_NETMOD", netmod);
+    c
+}
+
+#[test]
+fn stress_over_each_netmod() {
+    for netmod in NETMODS {
+        let dir = shm_dir(&format!("p2p-stress-{netmod}"));
+        let o = run_net(4, "stress", &dir, netmod)
+            .env("STRESS_SEED", "11")
+            .env("STRESS_ROUNDS", "30")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{netmod}: {}", text(&o));
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(
+            out.matches("messages checked").count(),
+            4,
+            "{netmod}: {}",
+            text(&o)
+        );
+        assert!(leftovers(&dir).is_empty());
+    }
+}
+
+#[test]
+fn collectives_over_each_netmod() {
+    for netmod in NETMODS {
+        let dir = shm_dir(&format!("p2p-coll-{netmod}"));
+        let o = run_net(3, "collectives", &dir, netmod).output().unwrap();
+        assert!(o.status.success(), "{netmod}: {}", text(&o));
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(
+            out.matches("collectives agree").count(),
+            3,
+            "{netmod}: {}",
+            text(&o)
+        );
+    }
+}
+
+#[test]
+fn a_dead_peer_over_each_netmod_fails_operations_in_bounded_time() {
+    for netmod in NETMODS {
+        let dir = shm_dir(&format!("p2p-dead-{netmod}"));
+        for leave in ["exit", "drop"] {
+            let o = run_net(2, "dead_peer", &dir, netmod)
+                .env("LEAVE", leave)
+                .env("NEMESIS_FAILURE_TIMEOUT", "0.2")
+                // A udp peer that vanished is found by its silence.
+                .env("NEMESIS_NET_TIMEOUT", "0.5")
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{netmod} {leave}: {}", text(&o));
+            let out = String::from_utf8_lossy(&o.stdout);
+            for what in ["recv:", "irecv:", "rendezvous send:", "barrier:", "allreduce:"] {
+                assert!(
+                    out.contains(what),
+                    "{netmod} {leave}: {what} missing\n{}",
+                    text(&o)
+                );
+            }
+            if leave == "drop" {
+                assert!(out.contains("left"), "{netmod} {leave}: {}", text(&o));
+            }
+        }
     }
 }

@@ -17,7 +17,8 @@ hosts get PMI_PORT and PMI_ID. Programs built against MPICH run under it too.
 With --hosts, nemesis-run runs the launcher command once per host, as
   LAUNCHER HOST nemesis-run (proxy arguments) -- PROG ARGS...
 the way Hydra's bootstrap-exec does; the proxy starts that host's ranks, which connect
-back to --pmi-addr. nemesis-run must be at the same path on every host.
+back to --pmi-addr. nemesis-run must be at the same path on every host. Every NEMESIS_*
+variable of nemesis-run's environment is passed on to the ranks on every host.
 
 Output goes straight to this terminal (or with --label line by line, each line prefixed
 with its rank). When a process exits with a non-zero status or is killed, or calls PMI
@@ -32,6 +33,10 @@ Environment read by the processes (see README.md):
   NEMESIS_SHM_DIR          directory of the shared segment (default /dev/shm)
   NEMESIS_STARTUP_TIMEOUT  seconds to wait for the other processes (default 60)
   NEMESIS_SPIN, NEMESIS_YIELDS  how long an idle process spins and yields before sleeping
+  NEMESIS_NETMOD           tcp or udp: how ranks on different hosts meet (default tcp)
+  NEMESIS_NO_SHM=1         send to ranks on the same host through the netmod too
+  NEMESIS_NET_ADDR, NEMESIS_NET_IFACE  the address or interface the netmod uses
+  NEMESIS_NET_TIMEOUT      seconds without an answer before a peer counts as failed (10)
   NEMESIS_PMI_DEBUG=1      nemesis-run prints every PMI request and reply
 
 Examples:
@@ -88,6 +93,9 @@ struct Args {
     /// Proxy mode: the host, for messages.
     #[arg(long, hide = true)]
     proxy_host: Option<String>,
+    /// Proxy mode: NAME=VALUE to set for the ranks (repeated).
+    #[arg(long, hide = true, value_name = "NAME=VALUE")]
+    proxy_env: Vec<String>,
 
     /// The program to start, then its arguments.
     #[arg(
@@ -137,7 +145,12 @@ fn spec(args: &Args, size: u32, ranks: std::ops::Range<u32>, kvsname: String, pm
         size,
         ranks,
         kvsname,
-        env: Vec::new(),
+        env: args
+            .proxy_env
+            .iter()
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect(),
         label: args.label,
         pmi,
     }
@@ -242,6 +255,15 @@ fn across_hosts(args: &Args, list: &str, watch: Watch) -> Outcome {
         ];
         if args.label {
             remote.push("--label".into());
+        }
+        // What a launcher such as ssh would not carry over.
+        for (k, v) in std::env::vars_os() {
+            if let (Some(k), Some(v)) = (k.to_str(), v.to_str())
+                && k.starts_with("NEMESIS_")
+            {
+                remote.push("--proxy-env".into());
+                remote.push(format!("{k}={v}").into());
+            }
         }
         remote.push("--".into());
         remote.extend(args.command.iter().cloned());

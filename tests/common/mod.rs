@@ -2,6 +2,8 @@
 //! of the test binary itself, private shared-memory directories, examples, and output.
 #![allow(dead_code)]
 
+pub mod stress;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
