@@ -1,0 +1,37 @@
+//! The tcp netmod's decoders must never panic on what a connection sends: a stream of
+//! frames is decoded the way a connection reads it, and the handshake messages alone.
+//! A frame that decodes must lie inside the buffer and encode back to its header.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use nemesis_net::tcp::{
+    FRAME_HEADER_LEN, Frame, decode_frame, decode_hello, decode_reply, encode_frame_header,
+};
+
+fuzz_target!(|data: &[u8]| {
+    let _ = decode_hello(data);
+    let _ = decode_reply(data);
+    // The first byte picks the largest payload the reader accepts.
+    let Some((&pick, mut rest)) = data.split_first() else {
+        return;
+    };
+    let max_payload = [0, 1, 24, 4096, 256 << 10][pick as usize % 5];
+    loop {
+        match decode_frame(rest, max_payload) {
+            Frame::NeedMore | Frame::Bad(_) => break,
+            Frame::Packet {
+                kind,
+                env,
+                payload,
+                len_total,
+            } => {
+                assert!(len_total <= rest.len() && payload.end == len_total);
+                assert_eq!(payload.start, FRAME_HEADER_LEN);
+                assert!(payload.len() <= max_payload);
+                let header = encode_frame_header(kind, &env, payload.len() as u32);
+                assert_eq!(&rest[..FRAME_HEADER_LEN], &header[..]);
+                rest = &rest[len_total..];
+            }
+        }
+    }
+});
