@@ -98,11 +98,74 @@ fn stream_ring_and_memory_json() {
         &json_lines(&["ring", "--procs", "3", "--messages", "100", "--json"])[0],
         &["procs", "per_hop_ns"],
     );
-    let mem = json_lines(&["memory", "--procs", "2,64", "--json"]);
+    let mem = json_lines(&["memory", "--procs", "2,64", "--udp-peers", "2,5", "--json"]);
+    assert_eq!(mem.len(), 4);
     has(
         &mem[1],
         &["segment_bytes", "per_process_bytes", "fastbox_bytes_per_pair"],
     );
+    for l in &mem[2..] {
+        assert!(l.contains("\"transport\":\"udp\""), "{l}");
+        has(l, &["peers", "endpoint_bytes", "idle_bytes", "per_peer_bytes"]);
+    }
+}
+
+#[test]
+fn network_transports_carry_their_name_and_the_plain_tcp_reference() {
+    let lat = json_lines(&[
+        "latency",
+        "--transport",
+        "tcp,udp",
+        "--sizes",
+        "8",
+        "--iters",
+        "100",
+        "--warmup",
+        "10",
+        "--rounds",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(lat.len(), 2);
+    for (l, t) in lat.iter().zip(["tcp", "udp"]) {
+        assert!(l.contains(&format!("\"transport\":\"{t}\"")), "{l}");
+        has(
+            l,
+            &[
+                "p50_ns",
+                "probe_ns",
+                "ratio",
+                "tcp_ns",
+                "tcp_ratio",
+                "tcp_spin_ns",
+                "tcp_spin_ratio",
+            ],
+        );
+    }
+    let bw = json_lines(&[
+        "bw",
+        "--transport",
+        "shm,udp",
+        "--sizes",
+        "1K,100K",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+        "--rounds",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(bw.len(), 4);
+    assert!(!bw[0].contains("tcp_mib_s") && bw[1].contains("\"transport\":\"udp\""));
+    has(&bw[3], &["mib_s", "tcp_mib_s", "tcp_ratio", "used"]);
+    assert!(bw[3].contains("\"used\":\"chunks\""), "{}", bw[3]);
+    let o = Command::new(BENCH)
+        .args(["latency", "--transport", "tcp,tcp", "--rounds", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("given twice"));
 }
 
 #[test]
@@ -123,6 +186,7 @@ fn bad_arguments_are_refused() {
         &["latency", "--sizes", "8x"][..],
         &["ring", "--procs", "1"],
         &["bw", "--window", "0"],
+        &["latency", "--transport", "pigeon"],
         &["nonsense"],
     ] {
         let o = Command::new(BENCH).args(args).output().unwrap();

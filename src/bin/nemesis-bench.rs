@@ -47,7 +47,8 @@ enum Cmd {
     /// Barrier and 8-byte allreduce among processes, through the node's shared blocks
     /// and through messages, interleaved round by round.
     Coll(CollArgs),
-    /// Size of the shared segment for a number of processes, with the current settings.
+    /// Size of the shared segment for a number of processes, with the current settings,
+    /// and the udp layer's heap per peer, measured in the simulator.
     Memory(MemoryArgs),
 }
 
@@ -385,6 +386,14 @@ struct MemoryArgs {
     #[arg(long, value_delimiter = ',', default_value = "2,4,8,16,32,64,128",
           value_parser = clap::value_parser!(u32).range(1..=nemesis::shm::config::MAX_LOCAL_PROCS as i64))]
     procs: Vec<u32>,
+    /// Peer counts for the udp layer's heap per peer, measured in the simulator; empty
+    /// to skip it.
+    #[arg(long, value_delimiter = ',', default_value = "2,64",
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    udp_peers: Vec<u32>,
+    /// Rounds of messages the measured udp endpoint exchanges with each peer.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    udp_rounds: u32,
 }
 
 fn transport(s: &str) -> Result<Transport, String> {
@@ -808,7 +817,110 @@ fn memory(a: &MemoryArgs, json: bool) -> Result<()> {
             );
         }
     }
+    udp_memory(a, json)
+}
+
+/// The heap the udp layer keeps per peer, from [`measure::udp_memory`] weighed by this
+/// binary's counting allocator.
+fn udp_memory(a: &MemoryArgs, json: bool) -> Result<()> {
+    if a.udp_peers.is_empty() {
+        return Ok(());
+    }
+    if !json {
+        println!();
+        println!(
+            "# udp reliability layer, in the simulator: one endpoint exchanges {} rounds of {:?}-byte",
+            a.udp_rounds,
+            measure::UDP_MEMORY_SIZES
+        );
+        println!("# messages with each peer, then everything is acknowledged and the endpoint is dropped;");
+        println!(
+            "# the heap it gives back is its size. idle: an endpoint of the same job that talked to no one"
+        );
+        println!(
+            "# {:>5} {:>14} {:>12} {:>14}",
+            "peers", "endpoint B", "idle B", "per peer B"
+        );
+    }
+    for &peers in &a.udp_peers {
+        progress(&format!("udp memory with {peers} peers"));
+        let m = measure::udp_memory(peers, a.udp_rounds, &counting::live)?;
+        progress_done();
+        if json {
+            Json::new("memory")
+                .s("transport", "udp")
+                .u("peers", u64::from(m.peers))
+                .u("messages_per_peer", m.messages_per_peer)
+                .u("endpoint_bytes", m.endpoint_bytes as u64)
+                .u("idle_bytes", m.idle_bytes as u64)
+                .f("per_peer_bytes", m.per_peer_bytes)
+                .print();
+        } else {
+            println!(
+                "{:>7} {:>14} {:>12} {:>14.1}",
+                m.peers, m.endpoint_bytes, m.idle_bytes, m.per_peer_bytes
+            );
+        }
+    }
     Ok(())
+}
+
+/// A global allocator that counts live bytes, so `memory` can weigh what a structure
+/// holds. Two relaxed atomic operations per allocation; nothing measured for speed
+/// allocates in its timed loop.
+mod counting {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+    /// Bytes allocated and not yet freed.
+    pub fn live() -> usize {
+        LIVE.load(Ordering::Relaxed)
+    }
+
+    struct Counting;
+
+    // SAFETY: every call is passed to the system allocator unchanged; the counter only
+    // observes the sizes.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            // SAFETY: our caller upholds `alloc`'s contract, which we pass on.
+            let p = unsafe { System.alloc(layout) };
+            if !p.is_null() {
+                LIVE.fetch_add(layout.size(), Ordering::Relaxed);
+            }
+            p
+        }
+
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            // SAFETY: as for `alloc`.
+            let p = unsafe { System.alloc_zeroed(layout) };
+            if !p.is_null() {
+                LIVE.fetch_add(layout.size(), Ordering::Relaxed);
+            }
+            p
+        }
+
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            // SAFETY: `ptr` came from this allocator, hence from the system's, with `layout`.
+            unsafe { System.dealloc(ptr, layout) };
+            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        }
+
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            // SAFETY: as for `dealloc`, and `new_size` is the caller's valid request.
+            let p = unsafe { System.realloc(ptr, layout, new_size) };
+            if !p.is_null() {
+                LIVE.fetch_add(new_size, Ordering::Relaxed);
+                LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+            }
+            p
+        }
+    }
+
+    #[global_allocator]
+    static ALLOCATOR: Counting = Counting;
 }
 
 fn run(cli: Cli) -> Result<()> {
