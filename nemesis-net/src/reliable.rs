@@ -1542,9 +1542,21 @@ impl<D: Datagram> Reliable<D> {
         self.blocked
     }
 
-    /// Segments accepted and not yet acknowledged, every peer together.
+    /// Segments accepted and not yet acknowledged, every peer together, and the peers we
+    /// owe an acknowledgement: a process that flushes before it stops polling must not
+    /// leave a peer resending what it already has.
     pub fn backlog(&self) -> usize {
-        self.backlog
+        let owed = self
+            .busy
+            .iter()
+            .filter(|&&r| {
+                self.peers
+                    .get(r as usize)
+                    .and_then(|p| p.as_deref())
+                    .is_some_and(|p| p.rx_unacked > 0)
+            })
+            .count();
+        self.backlog + owed
     }
 
     /// Fails if `peer` failed or left. A peer with nothing outstanding that has been

@@ -253,6 +253,20 @@ fn blocking_recv(
     }
 }
 
+/// Lets the network deliver what this side owes, acknowledgements included, before a
+/// phase in which it does not poll (a probe on cache lines, plain TCP): a reliable
+/// datagram netmod resends only from a poll, so a lost packet would otherwise stall the
+/// pair. Bounded; what is still owed then is settled at the next poll.
+fn settle(ch: &mut NemesisChannel) -> Result<()> {
+    match ch.flush(SETTLE) {
+        Ok(()) | Err(ChannelError::FlushTimeout { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// How long [`settle`] waits at most.
+const SETTLE: Duration = Duration::from_secs(1);
+
 /// The segment whose cache lines the placement probe uses: the channel's own when the
 /// partner shares it, or else the node's segment joined just for the probe (the
 /// channel goes through the network and made none).
@@ -375,7 +389,7 @@ impl Pair {
                 "expected the ack of op {op}, got {h:?}"
             )));
         }
-        Ok(())
+        settle(&mut self.ch)
     }
 
     /// `warmup + iters` ping-pongs of `size` bytes through `layer`; pushes the round-trip
@@ -756,6 +770,7 @@ fn partner() -> Result<()> {
                 let [ping_line, pong_line] = seg.probe_lines();
                 let pong_line = if h.aux == OP_PROBE { ping_line } else { pong_line };
                 ch.send_bytes(0, ack, &[])?;
+                settle(&mut ch)?;
                 for i in 0..count {
                     while ping_line.load(Ordering::Acquire) != arg + 2 * i + 1 {
                         core::hint::spin_loop();
@@ -814,6 +829,7 @@ fn partner() -> Result<()> {
                     .map_err(|e| MeasureError::Other(format!("plain tcp connect: {e}")))?;
                 tcp = Some(s);
                 ch.send_bytes(0, ack, &[])?;
+                settle(&mut ch)?;
             }
             OP_TCP_ECHO | OP_TCP_SINK => {
                 let s = tcp
@@ -821,6 +837,7 @@ fn partner() -> Result<()> {
                     .ok_or_else(|| MeasureError::Protocol("plain tcp is not connected".into()))?;
                 let [_, arg2, arg3] = args_of(&buf[..len])?;
                 ch.send_bytes(0, ack, &[])?;
+                settle(&mut ch)?;
                 let io = |e: std::io::Error| MeasureError::Other(format!("plain tcp: {e}"));
                 if h.aux == OP_TCP_ECHO {
                     let mut m = vec![0u8; arg as usize];
