@@ -466,7 +466,14 @@ impl<A: Copy> Peer<A> {
     }
 
     fn idle(&self) -> bool {
-        self.queue.is_empty() && self.rx_unacked == 0
+        self.queue.is_empty() && self.rx_unacked == 0 && self.held.is_empty()
+    }
+
+    /// How long a receiver waits before asking again for a gap that a NACK did not fill:
+    /// two round trips, or twice the least retransmission timeout before one is known. A
+    /// receiver that only receives learns the round trip from its NACKs.
+    fn renack_after(&self, t: &Tuned) -> u64 {
+        self.srtt.unwrap_or(t.rto_min).saturating_mul(2).max(1_000)
     }
 
     /// Folds in a round-trip sample the usual way (RFC 6298).
@@ -876,10 +883,15 @@ fn send_nack<D: Datagram>(
         .min()
         .filter(|&g| g > 0)
     else {
+        // The next segment is held but could not be taken: only a good copy helps, and
+        // the timer must not come back before a round trip.
+        if !p.held.is_empty() {
+            p.nacked = Some((expected, now));
+        }
         return Ok(());
     };
     if p.nacked
-        .is_some_and(|(s, at)| s == expected && now.saturating_sub(at) < p.rtt(t))
+        .is_some_and(|(s, at)| s == expected && now.saturating_sub(at) < p.renack_after(t))
     {
         return Ok(());
     }
@@ -1370,6 +1382,14 @@ impl<D: Datagram> Reliable<D> {
                 let body = d.get(h.encoded_len()..).unwrap_or_default();
                 match class {
                     SeqClass::InOrder => {
+                        // A NACKed gap filled: its round trip is a sample, which a
+                        // receiver that sends nothing has no other way to get.
+                        if let Some((s, at)) = p.nacked
+                            && s == h.seq
+                        {
+                            p.rtt_sample(now.saturating_sub(at), t);
+                            p.nacked = None;
+                        }
                         got += take_segment(p, rank, h.flags, h.start, body, sink, backlog);
                         p.took(now);
                         ack_now |= h.flags & FLAGS_CONTROL != 0;
@@ -1491,6 +1511,11 @@ impl<D: Datagram> Reliable<D> {
             if p.rx_unacked > 0 && now >= p.rx_since.saturating_add(t.ack_delay) {
                 send_ack(dg, t, rank, p, now, blocked)?;
             }
+            // A gap whose NACK or resend was lost: ask again, or it would wait for the
+            // sender's timer, which only resends one segment at a time.
+            if !p.held.is_empty() && p.active() {
+                send_nack(dg, t, rank, p, now, blocked)?;
+            }
             if p.idle() {
                 p.busy = false;
                 busy.swap_remove(i);
@@ -1527,6 +1552,9 @@ impl<D: Datagram> Reliable<D> {
             }
             if p.rx_unacked > 0 {
                 at(p.rx_since.saturating_add(t.ack_delay));
+            }
+            if !p.held.is_empty() && p.active() {
+                at(p.nacked.map_or(0, |(_, n)| n.saturating_add(p.renack_after(t))));
             }
         }
         best
@@ -2351,6 +2379,31 @@ mod tests {
         assert_eq!((out[0].kind, out[0].ack), (Kind::Ack, 9));
         assert!(r.ep.next_deadline().is_none());
         assert_eq!(r.ep.stats().drops.total(), 0);
+    }
+
+    #[test]
+    fn a_gap_whose_nack_was_lost_is_asked_for_again_by_the_timer() {
+        let mut r = Raw::new(16, 5);
+        let out = r.feed(BASE, &Raw::data(6, 5, FLAG_FIRST | FLAG_LAST, 2, b"bb"));
+        assert_eq!(out.iter().filter(|h| h.kind == Kind::Nack).count(), 1, "{out:?}");
+        // That NACK is lost and nothing else comes: the receiver's timer asks again,
+        // rather than leave the gap to the sender's retransmission timer.
+        let due = r.ep.next_deadline().expect("a timer for the gap");
+        r.net.advance_to(due);
+        r.ep.poll(&mut |_, _, _| {}).unwrap();
+        let out = r.replies();
+        assert!(
+            out.iter()
+                .any(|h| h.kind == Kind::Nack && h.seq == 5 && h.count == 1),
+            "{out:?}"
+        );
+        // Once the gap fills, no timer is left for it.
+        r.feed(BASE, &Raw::data(5, 5, FLAG_FIRST | FLAG_LAST, 1, b"a"));
+        assert_eq!(r.got.len(), 2);
+        r.settle();
+        r.net.advance_to(r.ep.next_deadline().unwrap_or(0));
+        r.settle();
+        assert!(r.ep.next_deadline().is_none());
     }
 
     #[test]
