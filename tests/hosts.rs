@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{RUN, child_args, child_main, example, text};
+use common::{RUN, assert_ranks_said, child_args, child_main, example, text};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -384,15 +384,7 @@ fn stress_across_two_hosts_over_each_netmod() {
     let Some(h) = Hosts::new() else { return };
     for netmod in NETMODS {
         let o = stress(&h, netmod, 30);
-        assert!(o.status.success(), "{netmod}: {}", text(&o));
-        assert_eq!(
-            String::from_utf8_lossy(&o.stdout)
-                .matches("messages checked")
-                .count(),
-            4,
-            "{netmod}: {}",
-            text(&o)
-        );
+        assert_ranks_said(&o, "messages checked", 4, netmod);
     }
 }
 
@@ -419,15 +411,7 @@ fn udp_across_a_lossy_duplicating_link() {
         text(&o)
     );
     let o = stress(&h, "udp", 20);
-    assert!(o.status.success(), "{}", text(&o));
-    assert_eq!(
-        String::from_utf8_lossy(&o.stdout)
-            .matches("messages checked")
-            .count(),
-        4,
-        "{}",
-        text(&o)
-    );
+    assert_ranks_said(&o, "messages checked", 4, "udp over a lossy link");
     let (dropped, doubled) = h.impaired();
     assert!(
         dropped > 0 && doubled > 0,

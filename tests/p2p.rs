@@ -232,9 +232,7 @@ fn randomised_stress_keeps_order_and_contents() {
         .env("STRESS_ROUNDS", "150")
         .output()
         .unwrap();
-    assert!(o.status.success(), "seed {seed}\n{}", text(&o));
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert_eq!(out.matches("messages checked").count(), 4, "{}", text(&o));
+    assert_ranks_said(&o, "messages checked", 4, &format!("seed {seed}"));
     assert!(leftovers(&dir).is_empty());
 }
 
@@ -248,15 +246,7 @@ fn stress_with_every_message_through_rendezvous_and_no_node_collectives() {
         .env("NEMESIS_NODE_COLLECTIVES", "0")
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", text(&o));
-    assert_eq!(
-        String::from_utf8_lossy(&o.stdout)
-            .matches("messages checked")
-            .count(),
-        3,
-        "{}",
-        text(&o)
-    );
+    assert_ranks_said(&o, "messages checked", 3, "all by rendezvous");
 }
 
 /// The strategies that can run here, as `NEMESIS_LMT` names them.
@@ -280,15 +270,7 @@ fn stress_through_every_large_message_strategy() {
             .env("NEMESIS_LMT", lmt)
             .output()
             .unwrap();
-        assert!(o.status.success(), "{lmt}: {}", text(&o));
-        assert_eq!(
-            String::from_utf8_lossy(&o.stdout)
-                .matches("messages checked")
-                .count(),
-            3,
-            "{lmt}: {}",
-            text(&o)
-        );
+        assert_ranks_said(&o, "messages checked", 3, lmt);
         assert!(leftovers(&dir).is_empty(), "{lmt}: {:?}", leftovers(&dir));
     }
 }
@@ -317,15 +299,7 @@ fn collectives_between_processes() {
     let dir = shm_dir("p2p-coll");
     for n in [2, 5] {
         let o = run(n, "collectives", &dir).output().unwrap();
-        assert!(o.status.success(), "{}", text(&o));
-        assert_eq!(
-            String::from_utf8_lossy(&o.stdout)
-                .matches("collectives agree")
-                .count(),
-            n as usize,
-            "{}",
-            text(&o)
-        );
+        assert_ranks_said(&o, "collectives agree", n as usize, &format!("{n} ranks"));
     }
     assert!(leftovers(&dir).is_empty());
 }
@@ -379,14 +353,7 @@ fn stress_over_each_netmod() {
             .env("STRESS_ROUNDS", "30")
             .output()
             .unwrap();
-        assert!(o.status.success(), "{netmod}: {}", text(&o));
-        let out = String::from_utf8_lossy(&o.stdout);
-        assert_eq!(
-            out.matches("messages checked").count(),
-            4,
-            "{netmod}: {}",
-            text(&o)
-        );
+        assert_ranks_said(&o, "messages checked", 4, netmod);
         assert!(leftovers(&dir).is_empty());
     }
 }
@@ -396,14 +363,7 @@ fn collectives_over_each_netmod() {
     for netmod in NETMODS {
         let dir = shm_dir(&format!("p2p-coll-{netmod}"));
         let o = run_net(3, "collectives", &dir, netmod).output().unwrap();
-        assert!(o.status.success(), "{netmod}: {}", text(&o));
-        let out = String::from_utf8_lossy(&o.stdout);
-        assert_eq!(
-            out.matches("collectives agree").count(),
-            3,
-            "{netmod}: {}",
-            text(&o)
-        );
+        assert_ranks_said(&o, "collectives agree", 3, netmod);
     }
 }
 

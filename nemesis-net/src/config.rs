@@ -50,17 +50,11 @@ pub fn seconds(
 ) -> Result<Duration, NetError> {
     match get(var) {
         None => Ok(default),
-        Some(v) => v
-            .trim()
-            .parse::<f64>()
-            .ok()
-            .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e9)
-            .map(Duration::from_secs_f64)
-            .ok_or_else(|| NetError::Config {
-                var,
-                value: v.clone(),
-                reason: "expected a positive number of seconds".into(),
-            }),
+        Some(v) => nemesis_shm::config::parse_seconds(&v).ok_or_else(|| NetError::Config {
+            var,
+            value: v.clone(),
+            reason: "expected a positive number of seconds".into(),
+        }),
     }
 }
 

@@ -144,6 +144,16 @@ fn size_var(get: &impl Fn(&str) -> Option<String>, var: &'static str, default: u
     }
 }
 
+/// Parses a positive, finite number of seconds such as `10` or `0.25`, below 10⁹ (beyond
+/// which `Instant` arithmetic could overflow).
+pub fn parse_seconds(s: &str) -> Option<std::time::Duration> {
+    s.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e9)
+        .map(std::time::Duration::from_secs_f64)
+}
+
 /// Parses `123`, `8K`, `8KiB`, `1M`, `2G` (binary multiples, case-insensitive).
 pub fn parse_size(s: &str) -> Option<u64> {
     let s = s.trim();

@@ -314,17 +314,11 @@ pub fn job_id_of(kvsname: &str) -> u64 {
 fn startup_timeout(get: impl Fn(&str) -> Option<String>) -> Result<Duration, BootError> {
     match get("NEMESIS_STARTUP_TIMEOUT") {
         None => Ok(DEFAULT_STARTUP_TIMEOUT),
-        Some(v) => v
-            .trim()
-            .parse::<f64>()
-            .ok()
-            .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e9)
-            .map(Duration::from_secs_f64)
-            .ok_or_else(|| BootError::Invalid {
-                var: "NEMESIS_STARTUP_TIMEOUT",
-                value: v.clone(),
-                reason: "expected a positive number of seconds".into(),
-            }),
+        Some(v) => nemesis_shm::config::parse_seconds(&v).ok_or_else(|| BootError::Invalid {
+            var: "NEMESIS_STARTUP_TIMEOUT",
+            value: v.clone(),
+            reason: "expected a positive number of seconds".into(),
+        }),
     }
 }
 

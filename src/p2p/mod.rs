@@ -193,12 +193,8 @@ impl Config {
         };
         let failure_check = match get("NEMESIS_FAILURE_TIMEOUT") {
             None => Duration::from_secs(1),
-            Some(v) => v
-                .trim()
-                .parse::<f64>()
-                .ok()
-                .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e6)
-                .map(Duration::from_secs_f64)
+            Some(v) => nemesis_shm::config::parse_seconds(&v)
+                .filter(|d| d.as_secs_f64() < 1e6)
                 .ok_or_else(|| {
                     bad(
                         "NEMESIS_FAILURE_TIMEOUT",

@@ -67,6 +67,14 @@ pub fn text(o: &Output) -> String {
     )
 }
 
+/// Asserts that a job succeeded and that `line` appears `n` times in its output, once for
+/// each rank that finished its part; `what` names the run in the message.
+pub fn assert_ranks_said(o: &Output, line: &str, n: usize, what: &str) {
+    assert!(o.status.success(), "{what}: {}", text(o));
+    let said = String::from_utf8_lossy(&o.stdout).matches(line).count();
+    assert_eq!(said, n, "{what}: {n} ranks should say {line:?}\n{}", text(o));
+}
+
 /// Children only: runs `f` and fails the child process (not a panic, which libtest
 /// would report as a failed test and exit 101 anyway) with its message.
 pub fn child_main(f: impl FnOnce() -> Result<(), String>) {
