@@ -131,10 +131,16 @@ impl Boot {
         let timeout = startup_timeout(|k| std::env::var(k).ok())?;
         match PmiClient::from_env(timeout)? {
             Some(client) => Self::with_client(client, timeout),
-            None => Ok(Self {
-                info: BootInfo::singleton(crate::bootstrap::random_job_id(), timeout),
-                pmi: None,
-            }),
+            None => Ok(Self::singleton(timeout)),
+        }
+    }
+
+    /// A job of one, whatever the environment says; `startup_timeout` is recorded for
+    /// what the caller starts next.
+    pub fn singleton(startup_timeout: Duration) -> Self {
+        Self {
+            info: BootInfo::singleton(random_job_id(), startup_timeout),
+            pmi: None,
         }
     }
 

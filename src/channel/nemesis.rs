@@ -710,6 +710,23 @@ mod tests {
     }
 
     #[test]
+    fn a_bad_no_shm_value_is_refused_by_name_and_a_singleton_needs_no_netmod() {
+        let boot = || Boot::singleton(Duration::from_secs(1));
+        let e =
+            NemesisChannel::from_boot_with(boot(), |k| (k == NO_SHM_VAR).then(|| "yes".into())).unwrap_err();
+        assert!(matches!(e, ChannelError::Config { var: NO_SHM_VAR, .. }), "{e}");
+        // Alone, even with shared memory off and an unknown netmod named, there is no
+        // one to reach, so no netmod is opened.
+        let ch = NemesisChannel::from_boot_with(boot(), |k| match k {
+            NO_SHM_VAR => Some("1".into()),
+            "NEMESIS_NETMOD" => Some("pigeon".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!((ch.size(), ch.transport()), (1, "shm"));
+    }
+
+    #[test]
     fn without_a_netmod_other_nodes_have_no_route() {
         let policy = WaitPolicy {
             spin: 1,
