@@ -136,10 +136,7 @@ impl NemesisChannel {
     }
 
     /// As [`NemesisChannel::from_boot`], reading variables through `get`.
-    pub fn from_boot_with(
-        mut boot: Boot,
-        get: impl Fn(&str) -> Option<String>,
-    ) -> Result<Self, ChannelError> {
+    pub fn from_boot_with(boot: Boot, get: impl Fn(&str) -> Option<String>) -> Result<Self, ChannelError> {
         let info = boot.info.clone();
         let no_shm = match get(NO_SHM_VAR).as_deref().map(str::trim) {
             None | Some("0") | Some("") => false,
@@ -169,30 +166,25 @@ impl NemesisChannel {
             usable_cpus(),
             &get,
         )?);
-        if view.local_ranks.len() as u32 == info.size {
-            return Ok(Self {
-                shm,
-                net: None,
-                info: Some(info),
-                boot: Some(Arc::new(Mutex::new(boot))),
-            });
-        }
-        let name = nemesis_net::config::netmod(&get)?;
-        let all_here = info.local_ranks.len() as u32 == info.size;
-        let id = Identity {
-            rank: info.rank,
-            size: info.size,
-            job_key: boot.job_key()?,
-            addr: nemesis_net::addr::choose(&get, all_here)?,
-        };
         let boot = Arc::new(Mutex::new(boot));
-        let netmod = nemesis_net::open(name, id, Box::new(KvsCards(boot.clone())), &get)?;
-        {
+        let netmod = if view.local_ranks.len() as u32 == info.size {
+            None
+        } else {
+            let name = nemesis_net::config::netmod(&get)?;
+            let all_here = info.local_ranks.len() as u32 == info.size;
+            let id = Identity {
+                rank: info.rank,
+                size: info.size,
+                job_key: lock(&boot).job_key()?,
+                addr: nemesis_net::addr::choose(&get, all_here)?,
+            };
+            let netmod = nemesis_net::open(name, id, Box::new(KvsCards(boot.clone())), &get)?;
             let mut b = lock(&boot);
             b.publish(CARD, &netmod.business_card())?;
             b.barrier()?;
-        }
-        let mut ch = Self::with_netmod(shm, Some(netmod));
+            Some(netmod)
+        };
+        let mut ch = Self::with_netmod(shm, netmod);
         ch.info = Some(info);
         ch.boot = Some(boot);
         Ok(ch)
