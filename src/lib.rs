@@ -41,8 +41,6 @@
 
 pub mod bootstrap;
 pub mod channel;
-pub mod launch;
-pub mod measure;
 pub mod p2p;
 
 pub use bootstrap::{BootInfo, Rank};
@@ -50,5 +48,6 @@ pub use channel::{
     Channel, ChannelError, Header, NemesisChannel, Packet, SendStatus, SendTicket, ShmChannel, WaitPolicy,
 };
 pub use nemesis_lmt as lmt;
+pub use nemesis_net as net;
 pub use nemesis_shm as shm;
 pub use p2p::{ANY_SOURCE, ANY_TAG, Comm, Op, P2pError, Status, World, init};

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{RUN, assert_ranks_said, child_args, child_main, example, text};
+use common::{assert_ranks_said, child_args, child_main, example, nemesis_run, text};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -110,7 +110,7 @@ impl Hosts {
             "netns",
             "exec",
             &self.a,
-            RUN,
+            nemesis_run().to_str().unwrap(),
             "-n",
             &n.to_string(),
             "--timeout",

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{RUN, example, text};
+use common::{example, nemesis_run, text};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -51,7 +51,7 @@ fn all_ranks_said(out: &str, n: u32, f: impl Fn(u32) -> String) {
 #[test]
 fn mpich_programs_run_under_nemesis_run() {
     let Some(prog) = mpi_program() else { return };
-    let o = Command::new(RUN)
+    let o = Command::new(nemesis_run())
         .args(["-n", "4", "--timeout", "120"])
         .arg(&prog)
         .output()
@@ -62,7 +62,7 @@ fn mpich_programs_run_under_nemesis_run() {
     });
 
     // MPI_Abort reaches nemesis-run through PMI abort and ends the job with its code.
-    let o = Command::new(RUN)
+    let o = Command::new(nemesis_run())
         .args(["-n", "3", "--timeout", "120"])
         .arg(&prog)
         .arg("abort")

@@ -253,7 +253,7 @@ fn child_init_only() {
 #[test]
 fn examples_run_under_the_launcher() {
     let dir = shm_dir("examples");
-    let o = Command::new(RUN)
+    let o = Command::new(nemesis_run())
         .args(["-n", "4"])
         .arg(example("hello"))
         .env("NEMESIS_SHM_DIR", &dir)
@@ -264,7 +264,7 @@ fn examples_run_under_the_launcher() {
     for r in 0..4 {
         assert!(out.contains(&format!("hello from rank {r} of 4 on ")), "{out}");
     }
-    let o = Command::new(RUN)
+    let o = Command::new(nemesis_run())
         .args(["-n", "3"])
         .arg(example("ring"))
         .arg("200")
@@ -278,7 +278,7 @@ fn examples_run_under_the_launcher() {
         text(&o)
     );
     // Six ranks as 2x3 tiles, checked against one process bit for bit.
-    let o = Command::new(RUN)
+    let o = Command::new(nemesis_run())
         .args(["-n", "6"])
         .arg(example("halo"))
         .args(["--tile", "12", "--iters", "60", "--check"])
@@ -303,7 +303,7 @@ fn examples_run_under_the_launcher() {
 
 #[test]
 fn help_describes_usage_and_environment() {
-    let o = Command::new(RUN).arg("--help").output().unwrap();
+    let o = Command::new(nemesis_run()).arg("--help").output().unwrap();
     assert!(o.status.success());
     let s = String::from_utf8_lossy(&o.stdout);
     assert!(
@@ -320,10 +320,10 @@ fn bad_arguments_are_refused() {
         &["-n", "2"],
         &["-n", "2", "--grace", "soon", "true"],
     ] {
-        let o = Command::new(RUN).args(args).output().unwrap();
+        let o = Command::new(nemesis_run()).args(args).output().unwrap();
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
     }
-    let o = Command::new(RUN)
+    let o = Command::new(nemesis_run())
         .args(["-n", "2", "/nonexistent/program"])
         .output()
         .unwrap();

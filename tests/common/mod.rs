@@ -7,7 +7,27 @@ pub mod stress;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
-pub const RUN: &str = env!("CARGO_BIN_EXE_nemesis-run");
+/// `nemesis-run`, built (or found up to date) by the cargo that built this test: it
+/// belongs to the `nemesis-tools` crate, so cargo does not hand its path to our tests.
+pub fn nemesis_run() -> &'static Path {
+    static RUN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    RUN.get_or_init(|| {
+        let profile_dir = profile_dir();
+        let mut c = Command::new(env!("CARGO"));
+        c.args(["build", "--quiet", "-p", "nemesis-tools", "--bin", "nemesis-run"]);
+        if profile_dir.file_name().is_some_and(|p| p == "release") {
+            c.arg("--release");
+        }
+        assert!(c.status().unwrap().success(), "building nemesis-run");
+        profile_dir.join("nemesis-run")
+    })
+}
+
+/// The target directory of this test binary's profile (`target/debug` or `target/release`).
+fn profile_dir() -> PathBuf {
+    let deps = std::env::current_exe().unwrap();
+    deps.parent().unwrap().parent().unwrap().to_path_buf()
+}
 
 /// The arguments that make this test binary run only the ignored test `child_{role}`.
 pub fn child_args(role: &str) -> Vec<String> {
@@ -24,7 +44,7 @@ pub fn child_args(role: &str) -> Vec<String> {
 
 /// `nemesis-run -n N` of a child role, with a private shared-memory directory.
 pub fn run(n: u32, role: &str, shm: &Path) -> Command {
-    let mut c = Command::new(RUN);
+    let mut c = Command::new(nemesis_run());
     c.args(["-n", &n.to_string(), "--timeout", "300", "--"])
         .args(child_args(role));
     c.env("NEMESIS_TEST_CHILD", "1").env("NEMESIS_SHM_DIR", shm);
@@ -89,10 +109,9 @@ pub fn child_main(f: impl FnOnce() -> Result<(), String>) {
 
 /// An example program, built (or found up to date) by the cargo that built this test.
 pub fn example(name: &str) -> PathBuf {
-    let deps = std::env::current_exe().unwrap();
-    let profile_dir = deps.parent().unwrap().parent().unwrap();
+    let profile_dir = profile_dir();
     let mut c = Command::new(env!("CARGO"));
-    c.args(["build", "--quiet", "--example", name]);
+    c.args(["build", "--quiet", "-p", "nemesis", "--example", name]);
     if profile_dir.file_name().is_some_and(|p| p == "release") {
         c.arg("--release");
     }

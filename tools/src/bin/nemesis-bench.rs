@@ -3,8 +3,8 @@
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use nemesis::Channel as _;
-use nemesis::measure::{self, Layer, Pair, Summary, Transport};
 use nemesis::shm::{Geometry, Segment};
+use nemesis_tools::measure::{self, Layer, Pair, Summary, Transport};
 use std::fmt::Write as _;
 use std::io::IsTerminal;
 
@@ -176,10 +176,10 @@ fn memcpy_mib_s(size: usize) -> f64 {
     (reps * size as u64) as f64 / t.elapsed().as_secs_f64() / 1048576.0
 }
 
-fn strategy_arg(name: &str) -> Result<Option<nemesis_lmt::Strategy>> {
+fn strategy_arg(name: &str) -> Result<Option<nemesis::lmt::Strategy>> {
     match name.trim().to_ascii_lowercase().as_str() {
         "auto" => Ok(None),
-        n => nemesis_lmt::Strategy::ALL
+        n => nemesis::lmt::Strategy::ALL
             .into_iter()
             .find(|s| s.name() == n)
             .map(Some)
@@ -232,7 +232,7 @@ fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Result<()> {
         println!("  placement");
     }
     // Per pair: the strategies it compares (the network moves large messages in chunks).
-    let plans: Vec<Vec<Option<nemesis_lmt::Strategy>>> = pairs
+    let plans: Vec<Vec<Option<nemesis::lmt::Strategy>>> = pairs
         .iter()
         .map(|p| {
             if p.transport() == Transport::Shm {

@@ -2,9 +2,9 @@
 //! node's shared blocks and through messages, round by round in the same processes.
 
 use super::{MeasureError, ROLE_VAR, Result, end_job, start_job};
-use crate::Channel;
-use crate::channel::NemesisChannel;
-use crate::p2p::{Config, Op, World};
+use nemesis::Channel;
+use nemesis::channel::NemesisChannel;
+use nemesis::p2p::{Config, Op, World};
 use std::time::Instant;
 
 const COLL_VAR: &str = "NEMESIS_MEASURE_COLL";

@@ -19,11 +19,11 @@ pub use netmem::{UDP_MEMORY_SIZES, UdpMemory, udp_memory};
 pub use pin::{allowed_cpus, pair_cpus, pin_to};
 pub use stats::Summary;
 
-use crate::bootstrap::{Boot, BootError, PmiClient};
-use crate::channel::{Channel, ChannelError, Header, NO_SHM_VAR, NemesisChannel, Packet, ShmChannel};
 use crate::launch::server::process_mapping;
 use crate::launch::{Exit, Job, LaunchError, Pmi, Spec, Watch, new_kvsname};
-use nemesis_shm::Segment;
+use nemesis::bootstrap::{Boot, BootError, PmiClient};
+use nemesis::channel::{Channel, ChannelError, Header, NO_SHM_VAR, NemesisChannel, Packet, ShmChannel};
+use nemesis::shm::Segment;
 use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
@@ -87,7 +87,7 @@ impl Transport {
             Transport::Shm => Vec::new(),
             net => vec![
                 (NO_SHM_VAR.into(), "1".into()),
-                (nemesis_net::config::NETMOD_VAR.into(), net.name().into()),
+                (nemesis::net::config::NETMOD_VAR.into(), net.name().into()),
             ],
         }
     }
@@ -98,7 +98,7 @@ impl Transport {
 pub enum Layer {
     /// The channel: [`Channel::send`] and [`Channel::poll`].
     Channel,
-    /// Two-sided messaging: [`crate::World::send`] and [`crate::World::recv`].
+    /// Two-sided messaging: [`nemesis::World::send`] and [`nemesis::World::recv`].
     P2p,
 }
 
@@ -128,7 +128,7 @@ pub enum MeasureError {
     Protocol(String),
     /// Two-sided messaging failed.
     #[error(transparent)]
-    P2p(#[from] crate::p2p::P2pError),
+    P2p(#[from] nemesis::p2p::P2pError),
     /// Something else.
     #[error("{0}")]
     Other(String),
@@ -413,7 +413,7 @@ impl Pair {
         let msg = vec![0xa5u8; size];
         let mut buf = vec![0u8; size];
         let clock = self.clock;
-        let mut w = crate::World::new(&mut self.ch).map_err(|e| MeasureError::Other(e.to_string()))?;
+        let mut w = nemesis::World::new(&mut self.ch).map_err(|e| MeasureError::Other(e.to_string()))?;
         let c = w.comm();
         for i in 0..warmup + iters {
             let t0 = clock.now();
@@ -574,17 +574,17 @@ impl Pair {
         window: u64,
         iters: u64,
         warmup: u64,
-        lmt: Option<nemesis_lmt::Strategy>,
+        lmt: Option<nemesis::lmt::Strategy>,
     ) -> Result<f64> {
         let code = lmt.map_or(0, |s| s as u64 + 1);
         set_lmt(&mut self.ch, code)?;
         self.command(OP_SINK_P2P, [warmup + iters, window | code << 32, size as u64])?;
-        let other = |e: crate::P2pError| MeasureError::Other(e.to_string());
+        let other = |e: nemesis::P2pError| MeasureError::Other(e.to_string());
         let mut msg_buf = PageAligned::new(size);
         msg_buf.fill(0x5a);
         let msg = &*msg_buf;
         let mut ack = [0u8; 4];
-        let mut w = crate::World::new(&mut self.ch).map_err(other)?;
+        let mut w = nemesis::World::new(&mut self.ch).map_err(other)?;
         let c = w.comm();
         let mut start = Instant::now();
         for it in 0..warmup + iters {
@@ -605,9 +605,9 @@ impl Pair {
 
     /// The strategy automatic selection gives a message of `size` bytes between the two
     /// (above the eager limit).
-    pub fn auto_lmt(&mut self, size: usize) -> nemesis_lmt::Strategy {
+    pub fn auto_lmt(&mut self, size: usize) -> nemesis::lmt::Strategy {
         if self.transport != Transport::Shm {
-            return nemesis_lmt::Strategy::Chunks;
+            return nemesis::lmt::Strategy::Chunks;
         }
         self.ch.shm_mut().local_lmt().auto_choice(size)
     }
@@ -723,7 +723,7 @@ fn partner() -> Result<()> {
     let policy = ch.shm().wait_policy();
     // Between measurements, sleep at once rather than spin or yield: another pair may
     // be measuring on the same CPU.
-    let idle = crate::WaitPolicy {
+    let idle = nemesis::WaitPolicy {
         spin: 0,
         yields: 0,
         ..policy
@@ -754,7 +754,7 @@ fn partner() -> Result<()> {
             }
             OP_ECHO_P2P => {
                 ch.send_bytes(0, ack, &[])?;
-                let mut w = crate::World::new(&mut ch).map_err(|e| MeasureError::Other(e.to_string()))?;
+                let mut w = nemesis::World::new(&mut ch).map_err(|e| MeasureError::Other(e.to_string()))?;
                 let c = w.comm();
                 let mut big = vec![0u8; w.config().eager_limit.max(1 << 20)];
                 for _ in 0..count {
@@ -798,8 +798,8 @@ fn partner() -> Result<()> {
                 let (window, code, size) = (arg & 0xffff_ffff, arg >> 32, args_of(&buf[..len])?[2]);
                 set_lmt(&mut ch, code)?;
                 ch.send_bytes(0, ack, &[])?;
-                let other = |e: crate::P2pError| MeasureError::Other(e.to_string());
-                let mut w = crate::World::new(&mut ch).map_err(other)?;
+                let other = |e: nemesis::P2pError| MeasureError::Other(e.to_string());
+                let mut w = nemesis::World::new(&mut ch).map_err(other)?;
                 let c = w.comm();
                 // As osu_bw does, the window's receives are posted before any arrives, so a
                 // rendezvous's handshakes overlap; as many buffers as fit SINK_BYTES.
@@ -925,12 +925,12 @@ fn set_lmt(ch: &mut NemesisChannel, code: u64) -> Result<()> {
         c => Some(
             u8::try_from(c - 1)
                 .ok()
-                .and_then(nemesis_lmt::Strategy::from_code)
+                .and_then(nemesis::lmt::Strategy::from_code)
                 .ok_or_else(|| MeasureError::Protocol(format!("unknown strategy code {c}")))?,
         ),
     };
     let lmt = ch.shm_mut().local_lmt();
-    let p = nemesis_lmt::Policy {
+    let p = nemesis::lmt::Policy {
         force,
         ..lmt.policy()
     };
@@ -991,7 +991,7 @@ fn end_job(job: Job, timeout: Duration) -> Result<()> {
 
 /// Passes a token `messages` times round a ring of `procs` processes, this one rank 0
 /// and the others started from this executable, each waiting the way the channel's
-/// [`crate::WaitPolicy`] says. Checks that every hop arrives once and in order.
+/// [`nemesis::WaitPolicy`] says. Checks that every hop arrives once and in order.
 pub fn ring(procs: u32, messages: u64) -> Result<RingResult> {
     if procs < 2 {
         return Err(MeasureError::Other("a ring needs at least 2 processes".into()));

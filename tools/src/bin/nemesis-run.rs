@@ -2,9 +2,9 @@
 //! them PMI-1.
 
 use clap::Parser;
-use nemesis::launch::hosts::{default_address, distribute, launcher_argv, parse_hosts};
-use nemesis::launch::server::{JobInfo, PmiServer, process_mapping};
-use nemesis::launch::{self, Job, Outcome, Pmi, Spec, Watch};
+use nemesis_tools::launch::hosts::{default_address, distribute, launcher_argv, parse_hosts};
+use nemesis_tools::launch::server::{JobInfo, PmiServer, process_mapping};
+use nemesis_tools::launch::{self, Job, Outcome, Pmi, Spec, Watch};
 use std::ffi::OsString;
 use std::net::{IpAddr, TcpListener};
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! CPUs when there are two. Reported times are one way: half the round trip.
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use nemesis::measure::{self, Pair};
+use nemesis_tools::measure::{self, Pair};
 use std::time::Duration;
 
 fn latency(c: &mut Criterion, pair: &mut Pair) {

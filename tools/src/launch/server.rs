@@ -6,7 +6,7 @@
 //! maxes, kvs name, universe size, appnum, put, get (with `PMI_process_mapping`),
 //! barrier, finalize and abort.
 
-use crate::bootstrap::wire::{self, Line, MAX_LINE};
+use nemesis::bootstrap::wire::{self, Line, MAX_LINE};
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -422,7 +422,7 @@ pub fn process_mapping(counts: &[u32]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bootstrap::PmiClient;
+    use nemesis::bootstrap::PmiClient;
     use std::time::Duration;
 
     fn job(size: u32) -> JobInfo {

@@ -6,9 +6,9 @@
 //! allocator); nothing here estimates sizes from types.
 
 use super::{MeasureError, Result};
-use nemesis_net::Envelope;
-use nemesis_net::reliable::{Reliable, ReliableConfig};
-use nemesis_net::sim::{SimConfig, SimNet, SimSocket};
+use nemesis::net::Envelope;
+use nemesis::net::reliable::{Reliable, ReliableConfig};
+use nemesis::net::sim::{SimConfig, SimNet, SimSocket};
 use std::time::Duration;
 
 /// Bytes of each message the measured endpoint sends: one that fits a datagram and one
@@ -64,7 +64,7 @@ pub fn udp_memory(peers: u32, rounds: u32, live: &dyn Fn() -> usize) -> Result<U
     let per_peer = rounds as u64 * UDP_MEMORY_SIZES.len() as u64;
     let want = per_peer * peers as u64;
     let payload = vec![0x5au8; UDP_MEMORY_SIZES[1]];
-    let fail = |e: nemesis_net::NetError| MeasureError::Other(format!("simulated exchange: {e}"));
+    let fail = |e: nemesis::net::NetError| MeasureError::Other(format!("simulated exchange: {e}"));
     // Messages still to send: ours, and each peer's echoes.
     let mut mine: Vec<(u32, usize)> = (0..rounds)
         .flat_map(|_| (1..size).flat_map(|p| UDP_MEMORY_SIZES.map(|s| (p, s))))
@@ -76,10 +76,10 @@ pub fn udp_memory(peers: u32, rounds: u32, live: &dyn Fn() -> usize) -> Result<U
     loop {
         while let Some(&(p, len)) = mine.last() {
             match me.send(p, &[len as u64, 0], &[&payload[..len]]).map_err(fail)? {
-                nemesis_net::Accept::Sent => {
+                nemesis::net::Accept::Sent => {
                     mine.pop();
                 }
-                nemesis_net::Accept::Again => break,
+                nemesis::net::Accept::Again => break,
             }
         }
         me.poll(&mut |_, _, _| back += 1).map_err(fail)?;
@@ -89,10 +89,10 @@ pub fn udp_memory(peers: u32, rounds: u32, live: &dyn Fn() -> usize) -> Result<U
                 .map_err(fail)?;
             while let Some(&(env, len)) = q.first() {
                 match o.send(0, &env, &[&payload[..len]]).map_err(fail)? {
-                    nemesis_net::Accept::Sent => {
+                    nemesis::net::Accept::Sent => {
                         q.remove(0);
                     }
-                    nemesis_net::Accept::Again => break,
+                    nemesis::net::Accept::Again => break,
                 }
             }
         }

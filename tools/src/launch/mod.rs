@@ -10,7 +10,7 @@
 pub mod hosts;
 pub mod server;
 
-use crate::bootstrap::job_id_of;
+use nemesis::bootstrap::job_id_of;
 use server::{Event, JobInfo, PmiServer};
 use std::ffi::OsString;
 use std::io::{self, BufRead, Write};
@@ -64,7 +64,7 @@ pub struct Spec {
 
 /// A fresh key-value space name, unique on this machine.
 pub fn new_kvsname() -> String {
-    format!("nemesis-{:016x}", crate::bootstrap::random_job_id())
+    format!("nemesis-{:016x}", nemesis::bootstrap::random_job_id())
 }
 
 /// How a process ended.
@@ -616,8 +616,8 @@ fn forward(src: impl io::Read + Send + 'static, rank: u32, to_stderr: bool) -> J
 /// Removes the shared-memory files a job left behind (normally none: the segment is
 /// unlinked as soon as every process has attached). Returns how many it removed.
 pub fn cleanup_segments(job_id: u64) -> usize {
-    let dir = nemesis_shm::config::shm_dir();
-    let prefix = nemesis_shm::config::job_prefix(job_id);
+    let dir = nemesis::shm::config::shm_dir();
+    let prefix = nemesis::shm::config::job_prefix(job_id);
     let hidden = format!(".{prefix}");
     let Ok(entries) = std::fs::read_dir(&dir) else {
         return 0;
@@ -722,10 +722,10 @@ mod tests {
 
     #[test]
     fn cleanup_removes_only_this_jobs_files() {
-        let job = crate::bootstrap::random_job_id();
-        let dir = nemesis_shm::config::shm_dir();
-        let mine = dir.join(nemesis_shm::config::segment_name(job, 0));
-        let other = dir.join(nemesis_shm::config::segment_name(job ^ 1, 0));
+        let job = nemesis::bootstrap::random_job_id();
+        let dir = nemesis::shm::config::shm_dir();
+        let mine = dir.join(nemesis::shm::config::segment_name(job, 0));
+        let other = dir.join(nemesis::shm::config::segment_name(job ^ 1, 0));
         std::fs::write(&mine, b"x").unwrap();
         std::fs::write(&other, b"x").unwrap();
         assert_eq!(cleanup_segments(job), 1);
