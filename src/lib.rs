@@ -41,7 +41,12 @@
 
 pub mod bootstrap;
 pub mod channel;
+pub mod op;
 pub mod p2p;
+pub mod progress;
+
+#[cfg(test)]
+mod testkit;
 
 pub use bootstrap::{BootInfo, Rank};
 pub use channel::{
@@ -50,4 +55,6 @@ pub use channel::{
 pub use nemesis_lmt as lmt;
 pub use nemesis_net as net;
 pub use nemesis_shm as shm;
-pub use p2p::{ANY_SOURCE, ANY_TAG, Comm, Op, P2pError, Status, World, init};
+pub use op::{Op, Reducible};
+pub use p2p::{ANY_SOURCE, ANY_TAG, Comm, OwnedBuf, OwnedRequest, P2pError, RequestSet, Status, World, init};
+pub use progress::{Protocol, ProtocolId};

@@ -217,6 +217,86 @@ fn child_dies_mid_transfer() {
     });
 }
 
+/// A task farm: a runtime's own protocol beside two-sided messaging on one channel.
+/// Rank 0 hands out tasks as packets of a user protocol; every worker computes them
+/// inside its protocol handler, which runs while the worker blocks in a two-sided
+/// `recv`, and sends the result back the same way.
+#[derive(Debug, Default)]
+struct Farm {
+    done: u64,
+    sum: u64,
+}
+
+const TASK: u16 = 1;
+const RESULT: u16 = 2;
+
+impl nemesis::Protocol for Farm {
+    fn handle(&mut self, p: nemesis::Packet<'_>, out: &mut nemesis::progress::Outbox) {
+        let v = u64::from_le_bytes(p.payload.try_into().expect("8 bytes"));
+        match p.header.kind & 0xff {
+            TASK => {
+                let h = nemesis::Header {
+                    kind: RESULT,
+                    ..Default::default()
+                };
+                out.send(p.src, h, &(v * v).to_le_bytes()).expect("a reply");
+            }
+            _ => {
+                self.done += 1;
+                self.sum += v;
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "child process of the multi-process tests"]
+fn child_farm() {
+    child_main(|| {
+        let e = |e: P2pError| e.to_string();
+        let mut w = nemesis::init().map_err(e)?;
+        let farm = nemesis::ProtocolId::user(0).unwrap();
+        w.register(farm, Farm::default()).map_err(|e| e.to_string())?;
+        let c = w.comm();
+        let n = w.size();
+        w.barrier(&c).map_err(e)?;
+        const TASKS: u64 = 300;
+        if w.rank() == 0 {
+            for t in 0..TASKS {
+                let worker = 1 + (t as u32) % (n - 1);
+                let h = nemesis::Header {
+                    kind: TASK,
+                    ..Default::default()
+                };
+                w.send_packet(farm, worker, h, &t.to_le_bytes()).map_err(e)?;
+            }
+            let all = |w: &mut nemesis::World| w.protocol::<Farm>(farm).is_some_and(|f| f.done == TASKS);
+            if !w.progress_until(Some(Duration::from_secs(60)), all).map_err(e)? {
+                return Err("the results did not all come back".into());
+            }
+            let want: u64 = (0..TASKS).map(|t| t * t).sum();
+            let got = w.protocol::<Farm>(farm).unwrap().sum;
+            if got != want {
+                return Err(format!("the results add up to {got}, not {want}"));
+            }
+            for r in 1..n {
+                w.send(&c, r, 7, b"finished").map_err(e)?;
+            }
+        } else {
+            // Blocked here, the worker serves every task from its handler.
+            let mut b = [0u8; 8];
+            w.recv(&c, 0, 7, &mut b).map_err(e)?;
+        }
+        let mut total = [w.protocol::<Farm>(farm).unwrap().done];
+        w.allreduce(&c, &mut total, nemesis::Op::Sum).map_err(e)?;
+        if total[0] != TASKS || !w.core().dropped().is_empty() {
+            return Err(format!("{} results, {:?} dropped", total[0], w.core().dropped()));
+        }
+        println!("rank {}: farm done", w.rank());
+        Ok(())
+    });
+}
+
 // ---------------------------------------------------------------------------------
 // Tests
 
@@ -355,6 +435,17 @@ fn stress_over_each_netmod() {
             .unwrap();
         assert_ranks_said(&o, "messages checked", 4, netmod);
         assert!(leftovers(&dir).is_empty());
+    }
+}
+
+#[test]
+fn a_runtimes_protocol_beside_two_sided_messaging_on_shm_and_each_netmod() {
+    let dir = shm_dir("p2p-farm");
+    let o = run(3, "farm", &dir).output().unwrap();
+    assert_ranks_said(&o, "farm done", 3, "shm");
+    for netmod in NETMODS {
+        let o = run_net(3, "farm", &dir, netmod).output().unwrap();
+        assert_ranks_said(&o, "farm done", 3, netmod);
     }
 }
 

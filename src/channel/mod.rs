@@ -161,6 +161,9 @@ pub enum ChannelError {
     /// The network module failed.
     #[error(transparent)]
     Net(nemesis_net::NetError),
+    /// A protocol could not be registered, or a packet not sent for it.
+    #[error(transparent)]
+    Registry(#[from] crate::progress::RegistryError),
 }
 
 /// A transport between the ranks of a job.

@@ -16,104 +16,12 @@
 //! plain tag match would hang.
 
 use super::comm::{Comm, CommInner};
-use super::engine::World;
 use super::node::{self, NodeColl};
-use super::{P2pError, Status};
+use super::{P2pError, Status, World};
 use crate::channel::Channel;
+use crate::op::{Op, Reducible};
 use bytemuck::Pod;
 use std::sync::Arc;
-
-/// A reduction operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Op {
-    /// Sum (wrapping for integers).
-    Sum,
-    /// Product (wrapping for integers).
-    Prod,
-    /// Minimum.
-    Min,
-    /// Maximum.
-    Max,
-    /// Bitwise and (integers only).
-    BitAnd,
-    /// Bitwise or (integers only).
-    BitOr,
-    /// Bitwise exclusive or (integers only).
-    BitXor,
-}
-
-impl Op {
-    fn code(self) -> i32 {
-        self as i32 + 1
-    }
-}
-
-/// An element type that collectives can reduce.
-pub trait Reducible: Pod {
-    /// Distinguishes the type on the wire, so mismatched ranks are caught.
-    const TYPE_CODE: u8;
-    /// `acc[i] = acc[i] (op) other[i]`.
-    fn combine(op: Op, acc: &mut [Self], other: &[Self]) -> Result<(), P2pError>;
-}
-
-macro_rules! int_reducible {
-    ($($t:ty = $code:expr),*) => {$(
-        impl Reducible for $t {
-            const TYPE_CODE: u8 = $code;
-            fn combine(op: Op, acc: &mut [Self], other: &[Self]) -> Result<(), P2pError> {
-                let f: fn($t, $t) -> $t = match op {
-                    Op::Sum => <$t>::wrapping_add,
-                    Op::Prod => <$t>::wrapping_mul,
-                    Op::Min => std::cmp::min,
-                    Op::Max => std::cmp::max,
-                    Op::BitAnd => |a, b| a & b,
-                    Op::BitOr => |a, b| a | b,
-                    Op::BitXor => |a, b| a ^ b,
-                };
-                for (a, b) in acc.iter_mut().zip(other) {
-                    *a = f(*a, *b);
-                }
-                Ok(())
-            }
-        }
-    )*};
-}
-
-macro_rules! float_reducible {
-    ($($t:ty = $code:expr),*) => {$(
-        impl Reducible for $t {
-            const TYPE_CODE: u8 = $code;
-            fn combine(op: Op, acc: &mut [Self], other: &[Self]) -> Result<(), P2pError> {
-                let f: fn($t, $t) -> $t = match op {
-                    Op::Sum => |a, b| a + b,
-                    Op::Prod => |a, b| a * b,
-                    Op::Min => <$t>::min,
-                    Op::Max => <$t>::max,
-                    _ => return Err(P2pError::InvalidArgument(format!("{op:?} is not defined for {}", stringify!($t)))),
-                };
-                for (a, b) in acc.iter_mut().zip(other) {
-                    *a = f(*a, *b);
-                }
-                Ok(())
-            }
-        }
-    )*};
-}
-
-int_reducible!(
-    i8 = 1,
-    i16 = 2,
-    i32 = 3,
-    i64 = 4,
-    u8 = 5,
-    u16 = 6,
-    u32 = 7,
-    u64 = 8,
-    isize = 11,
-    usize = 12
-);
-float_reducible!(f32 = 9, f64 = 10);
 
 /// Which collective a message belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -228,7 +136,7 @@ impl<C: Channel> World<C> {
     pub fn barrier(&mut self, comm: &Comm) -> Result<(), P2pError> {
         let c = self.check_comm(comm)?;
         if let Some(nc) = &c.node {
-            return self.node_barrier(c, nc);
+            return nc.barrier(c, self);
         }
         let (r, n) = (c.rank, c.ranks.len() as u32);
         let t = tag(Kind::Barrier, 0, 0);
@@ -326,7 +234,7 @@ impl<C: Channel> World<C> {
         T::combine(op, &mut [], &[])?;
         let t = tag(Kind::Allreduce, op.code(), T::TYPE_CODE);
         if let Some(nc) = &c.node
-            && self.node_allreduce(c, nc, data, op, t, describe)?
+            && nc.allreduce(c, self, data, op, t, describe)?
         {
             return Ok(());
         }

@@ -41,14 +41,20 @@
 mod coll;
 mod comm;
 mod engine;
+mod matching;
 mod node;
+mod owned;
+mod requests;
 mod rndv;
 mod scope;
+mod wire;
+mod world;
 
-pub use coll::{Op, Reducible};
+pub use crate::op::{Op, OpError, Reducible};
 pub use comm::Comm;
-pub use engine::World;
+pub use owned::{Completed, OwnedBuf, OwnedRequest, RequestSet};
 pub use scope::{Done, Request, Scope};
+pub use world::World;
 
 use crate::channel::{ChannelError, NemesisChannel};
 use std::time::Duration;
@@ -141,6 +147,33 @@ pub enum P2pError {
         /// The peer's rank in the communicator.
         rank: u32,
     },
+    /// The world of an owned request was dropped before the request finished.
+    #[error("the request's world was dropped before the request finished")]
+    WorldGone,
+}
+
+impl From<crate::progress::RegistryError> for P2pError {
+    fn from(e: crate::progress::RegistryError) -> Self {
+        P2pError::Channel(e.into())
+    }
+}
+
+impl From<OpError> for P2pError {
+    fn from(e: OpError) -> Self {
+        P2pError::InvalidArgument(e.to_string())
+    }
+}
+
+impl P2pError {
+    /// The rank of the peer whose failure this is, if it is one: [`P2pError::PeerFailed`]
+    /// or a [`ChannelError::PeerFailed`] underneath (a world rank there).
+    pub fn failed_peer(&self) -> Option<u32> {
+        match self {
+            P2pError::PeerFailed { rank, .. } => Some(*rank),
+            P2pError::Channel(ChannelError::PeerFailed { rank, .. }) => Some(*rank),
+            _ => None,
+        }
+    }
 }
 
 /// The eager limit towards ranks on other nodes unless `NEMESIS_EAGER_LIMIT` says:
@@ -191,18 +224,7 @@ impl Config {
                 (n.min(max_payload), n)
             }
         };
-        let failure_check = match get("NEMESIS_FAILURE_TIMEOUT") {
-            None => Duration::from_secs(1),
-            Some(v) => nemesis_shm::config::parse_seconds(&v)
-                .filter(|d| d.as_secs_f64() < 1e6)
-                .ok_or_else(|| {
-                    bad(
-                        "NEMESIS_FAILURE_TIMEOUT",
-                        &v,
-                        "expected a positive number of seconds",
-                    )
-                })?,
-        };
+        let failure_check = crate::progress::Config::from_lookup(&get)?.failure_check;
         let node_collectives = match get("NEMESIS_NODE_COLLECTIVES").as_deref().map(str::trim) {
             None | Some("1") => true,
             Some("0") => false,

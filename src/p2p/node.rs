@@ -13,10 +13,9 @@
 //! when it is created, and its last member to drop it frees it. When none is free it
 //! uses messages.
 
+use super::P2pError;
 use super::comm::CommInner;
-use super::engine::World;
-use super::{Op, P2pError, Reducible};
-use crate::channel::Channel;
+use crate::op::{Op, Reducible};
 use nemesis_shm::Segment;
 use nemesis_shm::coll::{self, Block, SLOT_BYTES};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -85,6 +84,19 @@ impl Drop for NodeColl {
     }
 }
 
+/// What a member needs from its world while it waits in a block: messages keep moving,
+/// and peers are checked now and then.
+pub(crate) trait NodeWaiter {
+    /// Moves every protocol on once.
+    fn progress(&mut self) -> Result<(), P2pError>;
+    /// Checks before yielding, and yields before sleeping, as the channel waits.
+    fn spins_and_yields(&self) -> (u32, u32);
+    /// How often to check the peers.
+    fn failure_check(&self) -> Duration;
+    /// A member of `c` known to have failed.
+    fn peer_failed(&mut self, c: &CommInner) -> Option<P2pError>;
+}
+
 /// The key of a communicator's block: its context and its first member's world rank,
 /// which together tell apart the communicators one split makes.
 pub(crate) fn block_key(ctx: u32, first: u32) -> u64 {
@@ -96,30 +108,31 @@ pub(crate) fn claim(seg: &Segment, key: u64, members: u32) -> Option<usize> {
     (1..coll::BLOCKS).find(|&i| seg.coll_block(i).is_some_and(|b| b.try_claim(key, members)))
 }
 
-impl<C: Channel> World<C> {
+impl NodeColl {
     /// A barrier through the block.
-    pub(crate) fn node_barrier(&mut self, c: &Arc<CommInner>, nc: &NodeColl) -> Result<(), P2pError> {
-        nc.usable()?;
-        let epoch = nc.epoch.load(Ordering::Relaxed);
-        if !nc.block().arrive(c.ranks.len() as u32) {
-            self.node_wait(c, nc, epoch)?;
+    pub(crate) fn barrier(&self, c: &CommInner, w: &mut impl NodeWaiter) -> Result<(), P2pError> {
+        self.usable()?;
+        let epoch = self.epoch.load(Ordering::Relaxed);
+        if !self.block().arrive(c.ranks.len() as u32) {
+            self.wait(c, epoch, w)?;
         }
-        nc.epoch.store(epoch.wrapping_add(1), Ordering::Relaxed);
+        self.epoch.store(epoch.wrapping_add(1), Ordering::Relaxed);
         Ok(())
     }
 
     /// An allreduce through the block. Returns false, having agreed with every member,
     /// when the data does not fit a slot and must go through messages.
-    pub(crate) fn node_allreduce<T: Reducible>(
-        &mut self,
-        c: &Arc<CommInner>,
-        nc: &NodeColl,
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn allreduce<T: Reducible>(
+        &self,
+        c: &CommInner,
+        w: &mut impl NodeWaiter,
         data: &mut [T],
         op: Op,
         op_tag: i32,
         describe: impl Fn(i32) -> String,
     ) -> Result<bool, P2pError> {
-        nc.usable()?;
+        self.usable()?;
         let bytes: &[u8] = bytemuck::cast_slice(data);
         let len = bytes.len();
         // The slots are words: elements must tile them. Every member has the same type
@@ -127,8 +140,8 @@ impl<C: Channel> World<C> {
         let fits = len <= SLOT_BYTES
             && SLOT_BYTES % std::mem::size_of::<T>().max(1) == 0
             && std::mem::align_of::<T>() <= 8;
-        let epoch = nc.epoch.load(Ordering::Relaxed);
-        let b = nc.block();
+        let epoch = self.epoch.load(Ordering::Relaxed);
+        let b = self.block();
         let me = c.rank as usize;
         // The episode, with a bit that a slot never written lacks.
         let stamp = (epoch & (u32::MAX >> 1)) | 1 << 31;
@@ -139,9 +152,9 @@ impl<C: Channel> World<C> {
             b.write_slot(epoch, me, sig | LARGE, &(len as u64).to_le_bytes());
         }
         if !b.arrive(c.ranks.len() as u32) {
-            self.node_wait(c, nc, epoch)?;
+            self.wait(c, epoch, w)?;
         }
-        nc.epoch.store(epoch.wrapping_add(1), Ordering::Relaxed);
+        self.epoch.store(epoch.wrapping_add(1), Ordering::Relaxed);
         // Every member checks every slot, so all of them see any disagreement.
         let n = c.ranks.len();
         let mut acc = [0u64; SLOT_BYTES / 8];
@@ -187,15 +200,16 @@ impl<C: Channel> World<C> {
 
     /// Waits for the block's barrier of `epoch` to release, keeping messages moving,
     /// and fails if a member dies.
-    fn node_wait(&mut self, c: &Arc<CommInner>, nc: &NodeColl, epoch: u32) -> Result<(), P2pError> {
-        let b = nc.block();
-        let (spins, yields) = (self.node_wait.spin, self.node_wait.yields);
+    fn wait(&self, c: &CommInner, epoch: u32, w: &mut impl NodeWaiter) -> Result<(), P2pError> {
+        let b = self.block();
+        let (spins, yields) = w.spins_and_yields();
+        let check = w.failure_check();
         let mut looks = 0u32;
         let mut last_check = Instant::now();
         while !b.passed(epoch) {
             looks += 1;
             if looks % 64 == 0 {
-                self.progress()?;
+                w.progress()?;
             }
             if looks < spins {
                 core::hint::spin_loop();
@@ -205,15 +219,16 @@ impl<C: Channel> World<C> {
                 std::thread::yield_now();
                 continue;
             }
-            self.progress()?;
-            b.sleep(epoch, Some(SLICE.min(self.cfg.failure_check)));
-            if last_check.elapsed() >= self.cfg.failure_check {
+            w.progress()?;
+            b.sleep(epoch, Some(SLICE.min(check)));
+            if last_check.elapsed() >= check {
                 last_check = Instant::now();
-                if let Some(e) = self.peer_failed(c, None) {
+                if let Some(e) = w.peer_failed(c) {
                     // This member has arrived and will never be released: the block's
                     // counts no longer add up for this communicator.
                     if let P2pError::PeerFailed { rank, reason } = &e {
-                        *nc.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some((*rank, reason.clone()));
+                        *self.failed.lock().unwrap_or_else(|p| p.into_inner()) =
+                            Some((*rank, reason.clone()));
                     }
                     return Err(e);
                 }

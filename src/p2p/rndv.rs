@@ -1,52 +1,26 @@
-//! The rendezvous of large messages, and the large-message transfer (LMT) it drives.
-//!
-//! Packets (`aux` names the request the packet is for, on the side that receives it):
-//! - RTS, sender to receiver (aux: send id): the length (u64), the strategies offered
-//!   (a bit set), and the cookie of the get strategies (CMA: the sender's pieces).
-//! - CTS, receiver to sender (aux: send id): the receive id (u32), the strategy chosen
-//!   (u8), and its cookie (a ring or pipe name, or the receiver's pieces for a put).
-//! - DATA (aux: receive id): an offset (u64) and bytes, for chunks.
-//! - DONE, receiver to sender (aux: send id): a status byte; the sender's buffer is free.
-//! - FIN, sender to receiver (aux: receive id): a status byte; a put is complete, or the
-//!   sender's side failed.
-//! - REVOKE / REVOKED (aux: send id): a sender letting go of a request whose RTS offered
-//!   its pages to be read in place asks the receiver not to, and waits for the answer.
-//!
-//! A get (CMA) needs no CTS: the receiver reads as soon as it matches, then sends DONE.
+//! The rendezvous of large messages, and the large-message transfer (LMT) it drives: the
+//! sub-state that owns the lists of transfers under way, and the steps that move them.
+//! See `wire.rs` for the packets.
 
-use super::comm::CommInner;
-use super::engine::{
-    Body, Bufs, CTS, DATA, DONE, Engine, FIN, REVOKE, REVOKED, RState, RTS, RecvReq, Req, SState, SendReq,
-    World, selected,
-};
+use super::requests::{Bufs, RState, RecvReq, Req, Requests, SState, SendReq, Stage};
+use super::wire::{self, CTS, DATA, DONE, FAILED, FIN, OK, Rts, ctrl};
 use super::{P2pError, Status};
-use crate::channel::{Channel, Header, SendStatus};
+use crate::channel::{Channel, ChannelError, Header, SendStatus};
+use crate::progress::Outbox;
 use nemesis_lmt::{Lmt, LmtError, Mode, Seg, Strategies, Strategy, Xfer};
-use std::sync::Arc;
-use std::time::Instant;
 
-/// Status bytes of DONE and FIN.
-const OK: u8 = 0;
-const FAILED: u8 = 1;
-
-/// What an RTS announces.
-#[derive(Debug)]
-pub(crate) struct Rts {
-    pub send_id: u32,
-    pub total: usize,
-    pub offered: Strategies,
-    pub cookie: Vec<u8>,
-}
-
-/// Where a matched large receive is.
-#[derive(Debug)]
-pub(crate) enum Stage {
-    /// Matched; the next chores choose a strategy (which needs the channel).
-    Choose { offered: Strategies, cookie: Vec<u8> },
-    /// Chunks are arriving in DATA packets; `got` bytes so far.
-    Chunks { got: usize },
-    /// A strategy of the LMT is moving the data.
-    Lmt(Xfer),
+/// The transfers under way.
+#[derive(Debug, Default)]
+pub(crate) struct Rndv {
+    /// Sends that may push chunks.
+    pushing: Vec<u32>,
+    /// Requests with LMT work to do at the next chores (choose, start, move data).
+    lmt_active: Vec<u32>,
+    /// Transfers that ended while handling a packet, to hand back to the LMT.
+    retired: Vec<Xfer>,
+    /// Requests in a rendezvous (matched, or answered by a CTS), pruned as they finish:
+    /// while any is, a blocked call keeps polling rather than sleep.
+    moving: Vec<u32>,
 }
 
 /// What one step of a transfer leaves to do once the request is no longer borrowed.
@@ -54,7 +28,6 @@ pub(crate) enum Stage {
 struct After {
     keep: bool,
     ctrl: Option<(u32, u16, u32, Vec<u8>)>,
-    forget: bool,
 }
 
 impl After {
@@ -62,7 +35,6 @@ impl After {
     const KEEP: After = After {
         keep: true,
         ctrl: None,
-        forget: false,
     };
 }
 
@@ -74,70 +46,40 @@ fn source<'a>(bufs: &'a Bufs, owned: &'a Option<Vec<u8>>) -> std::borrow::Cow<'a
     }
 }
 
-impl Engine {
-    /// The RTS in `payload`, or `None` (and a fault) if it is malformed.
-    pub(super) fn parse_rts(&mut self, src: u32, send_id: u32, payload: &[u8]) -> Option<Rts> {
-        let (Some(total), Some(&offered)) = (
-            payload
-                .get(..8)
-                .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))),
-            payload.get(8),
-        ) else {
-            self.fault(src, "a short RTS");
-            return None;
-        };
-        let offered = Strategies(offered);
-        if !offered.has(Strategy::Chunks) || offered.0 >> Strategy::ALL.len() != 0 {
-            self.fault(src, format!("an RTS offering strategies {:#04x}", offered.0));
-            return None;
-        }
-        let Ok(total) = usize::try_from(total) else {
-            self.fault(src, "an RTS longer than this machine can address");
-            return None;
-        };
-        Some(Rts {
-            send_id,
-            total,
-            offered,
-            cookie: payload[9..].to_vec(),
-        })
+impl Rndv {
+    /// Whether work is queued for the next chores.
+    pub(crate) fn has_chores(&self) -> bool {
+        !self.pushing.is_empty() || !self.lmt_active.is_empty() || !self.retired.is_empty()
     }
 
-    pub(super) fn on_rts(&mut self, src: u32, h: Header, payload: &[u8]) {
-        let Some(rts) = self.parse_rts(src, h.aux, payload) else {
+    /// Whether a large message is being moved, so a blocked call keeps polling (pausing
+    /// between polls) rather than sleep: data that moves without packets arriving needs
+    /// it, and the peer's next step is answered without a wake-up's delay, which can cost
+    /// as much as moving a megabyte. A send still waiting for its receiver to match it
+    /// does not count: that may take any time.
+    pub(crate) fn busy(&mut self, reqs: &Requests) -> bool {
+        if !self.lmt_active.is_empty() || !self.pushing.is_empty() {
+            return true;
+        }
+        self.moving.retain(|&id| !reqs.finished(id));
+        !self.moving.is_empty()
+    }
+
+    /// Accepts a matched RTS for receive `id` (already in `reqs`): an empty message is
+    /// done at once, one that only chunks can carry is cleared to send, and the rest wait
+    /// for the chores to choose a strategy.
+    pub(crate) fn accept(
+        &mut self,
+        reqs: &mut Requests,
+        out: &mut Outbox,
+        id: u32,
+        peer: u32,
+        rts: Rts,
+        tag: i32,
+    ) {
+        let Some(Req::Recv(rr)) = reqs.get_mut(id) else {
             return;
         };
-        let (ctx, tag) = (h.context, h.tag);
-        if let Some(i) = self
-            .posted
-            .iter()
-            .position(|q| selected(q.ctx, q.src, q.tag, ctx, src, tag))
-        {
-            let q = self.posted.remove(i).expect("position is in range");
-            if let Some(Req::Recv(rr)) = self.reqs.remove(&q.id) {
-                self.start_rndv(q.id, rr, src, rts, tag);
-            }
-            return;
-        }
-        self.unexpected.push_back(super::engine::Unexpected {
-            src,
-            ctx,
-            tag,
-            body: Body::Rts(rts),
-        });
-    }
-
-    /// Registers a receive of a large message that has been matched, and accepts it.
-    pub(super) fn accept_rts(&mut self, rr: RecvReq, peer: u32, rts: Rts, tag: i32) -> u32 {
-        let id = self.new_id();
-        self.start_rndv(id, rr, peer, rts, tag);
-        id
-    }
-
-    /// Accepts a matched RTS as request `id`: an empty message is done at once, one that
-    /// only chunks can carry is cleared to send, and the rest wait for the chores to
-    /// choose a strategy.
-    pub(super) fn start_rndv(&mut self, id: u32, mut rr: RecvReq, peer: u32, rts: Rts, tag: i32) {
         let source = rr.comm.rank_of(peer).unwrap_or(peer);
         let Rts {
             send_id,
@@ -159,74 +101,68 @@ impl Engine {
         });
         if total == 0 {
             rr.state = RState::Done;
-            self.ctrl(peer, DONE, send_id, &[OK]);
-        } else if offered == Strategies::CHUNKS {
-            rr.state = RState::Rndv {
-                peer,
-                send_id,
-                total,
-                stage: Stage::Chunks { got: 0 },
-            };
-            self.ctrl(peer, CTS, send_id, &cts(id, Strategy::Chunks, &[]));
-        } else {
-            rr.state = RState::Rndv {
-                peer,
-                send_id,
-                total,
-                stage: Stage::Choose { offered, cookie },
-            };
-            self.lmt_active.push(id);
-            self.chores = true;
+            out.push(peer, ctrl(DONE, send_id), &[OK]);
+            reqs.settle(id);
+            return;
         }
-        self.reqs.insert(id, Req::Recv(rr));
+        let stage = if offered == Strategies::CHUNKS {
+            out.push(peer, ctrl(CTS, send_id), &wire::cts(id, Strategy::Chunks, &[]));
+            Stage::Chunks { got: 0 }
+        } else {
+            self.lmt_active.push(id);
+            Stage::Choose { offered, cookie }
+        };
+        rr.state = RState::Rndv {
+            peer,
+            send_id,
+            total,
+            stage,
+        };
+        self.moving.push(id);
     }
 
-    pub(super) fn on_cts(&mut self, src: u32, send_id: u32, payload: &[u8]) {
-        let (Some(recv_id), Some(strategy)) = (
-            payload
-                .get(..4)
-                .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes"))),
-            payload.get(4).and_then(|&c| Strategy::from_code(c)),
-        ) else {
-            return self.fault(src, "a short CTS, or one naming an unknown strategy");
-        };
-        match self.reqs.get_mut(&send_id) {
+    pub(crate) fn on_cts(
+        &mut self,
+        reqs: &mut Requests,
+        src: u32,
+        send_id: u32,
+        payload: &[u8],
+    ) -> Result<(), String> {
+        let (recv_id, strategy, cookie) = wire::parse_cts(payload)?;
+        match reqs.get_mut(send_id) {
             Some(Req::Send(s)) if s.dest == src && matches!(s.state, SState::WaitCts) => {
                 if strategy == Strategy::Chunks {
                     s.state = SState::Push { recv_id, off: 0 };
-                    s.used = Some(strategy);
                     self.pushing.push(send_id);
-                    self.chores = true;
                 } else if s.offered.has(strategy) && strategy.mode() != Mode::Get {
                     s.state = SState::Cts {
                         recv_id,
                         strategy,
-                        cookie: payload[5..].to_vec(),
+                        cookie: cookie.to_vec(),
                     };
-                    s.used = Some(strategy);
                     self.lmt_active.push(send_id);
-                    self.chores = true;
                 } else {
-                    self.fault(src, format!("a CTS choosing {strategy}, which was not offered"));
+                    return Err(format!("a CTS choosing {strategy}, which was not offered"));
                 }
+                s.used = Some(strategy);
+                self.moving.push(send_id);
+                Ok(())
             }
-            _ => self.fault(
-                src,
-                format!("a CTS for send {send_id}, which is not waiting for one"),
-            ),
+            _ => Err(format!("a CTS for send {send_id}, which is not waiting for one")),
         }
     }
 
-    pub(super) fn on_data(&mut self, src: u32, recv_id: u32, payload: &[u8]) {
-        let Some(off) = payload
-            .get(..8)
-            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
-        else {
-            return self.fault(src, "a short DATA packet");
-        };
-        let data = &payload[8..];
-        let Some(Req::Recv(rr)) = self.reqs.get_mut(&recv_id) else {
-            return self.fault(src, format!("DATA for receive {recv_id}, which does not exist"));
+    pub(crate) fn on_data(
+        &mut self,
+        reqs: &mut Requests,
+        out: &mut Outbox,
+        src: u32,
+        recv_id: u32,
+        payload: &[u8],
+    ) -> Result<(), String> {
+        let (off, data) = wire::parse_data(payload)?;
+        let Some(Req::Recv(rr)) = reqs.get_mut(recv_id) else {
+            return Err(format!("DATA for receive {recv_id}, which does not exist"));
         };
         let RState::Rndv {
             peer,
@@ -235,15 +171,16 @@ impl Engine {
             stage: Stage::Chunks { got },
         } = &mut rr.state
         else {
-            return self.fault(
-                src,
-                format!("DATA for receive {recv_id}, which is not receiving chunks"),
-            );
+            return Err(format!(
+                "DATA for receive {recv_id}, which is not receiving chunks"
+            ));
         };
         let end = off.checked_add(data.len() as u64);
         if *peer != src || end.is_none_or(|e| e > *total as u64) {
-            let what = format!("DATA at {off}+{} beyond a message of {total}", data.len());
-            return self.fault(src, what);
+            return Err(format!(
+                "DATA at {off}+{} beyond a message of {total}",
+                data.len()
+            ));
         }
         // SAFETY: the buffer is lent (see `Bufs`); `write_at` stays inside it.
         unsafe { rr.bufs.write_at(off as usize, data) };
@@ -251,20 +188,24 @@ impl Engine {
         if *got >= *total {
             let (peer, send_id) = (*peer, *send_id);
             rr.state = RState::Done;
-            if rr.detached {
-                self.reqs.remove(&recv_id);
-            }
-            self.ctrl(peer, DONE, send_id, &[OK]);
+            out.push(peer, ctrl(DONE, send_id), &[OK]);
+            reqs.settle(recv_id);
         }
+        Ok(())
     }
 
-    pub(super) fn on_done(&mut self, src: u32, send_id: u32, payload: &[u8]) {
-        let status = payload.first().copied().unwrap_or(OK);
-        match self.reqs.get_mut(&send_id) {
+    pub(crate) fn on_done(
+        &mut self,
+        reqs: &mut Requests,
+        src: u32,
+        send_id: u32,
+        payload: &[u8],
+    ) -> Result<(), String> {
+        let status = wire::status(payload);
+        match reqs.get_mut(send_id) {
             Some(Req::Send(s)) if s.dest == src && !matches!(s.state, SState::Done) => {
                 if let SState::Lmt { x, .. } = std::mem::replace(&mut s.state, SState::Done) {
                     self.retired.push(x);
-                    self.chores = true;
                 }
                 if status != OK {
                     s.result = Some(Err(P2pError::RemoteTransfer {
@@ -272,61 +213,48 @@ impl Engine {
                     }));
                 }
                 s.owned = None;
-                if s.detached {
-                    self.reqs.remove(&send_id);
-                }
+                reqs.settle(send_id);
+                Ok(())
             }
             // Both sides failed at once: ours is already reported.
-            _ if status != OK => {}
-            _ => self.fault(
-                src,
-                format!("DONE for send {send_id}, which is not waiting for one"),
-            ),
+            _ if status != OK => Ok(()),
+            _ => Err(format!("DONE for send {send_id}, which is not waiting for one")),
         }
     }
 
-    pub(super) fn on_fin(&mut self, src: u32, recv_id: u32, payload: &[u8]) {
-        let status = payload.first().copied().unwrap_or(OK);
-        match self.reqs.get_mut(&recv_id) {
+    pub(crate) fn on_fin(
+        &mut self,
+        reqs: &mut Requests,
+        src: u32,
+        recv_id: u32,
+        payload: &[u8],
+    ) -> Result<(), String> {
+        let status = wire::status(payload);
+        match reqs.get_mut(recv_id) {
             Some(Req::Recv(rr)) if matches!(rr.state, RState::Rndv { peer, .. } if peer == src) => {
                 if let RState::Rndv {
                     stage: Stage::Lmt(x), ..
                 } = std::mem::replace(&mut rr.state, RState::Done)
                 {
                     self.retired.push(x);
-                    self.chores = true;
                 }
                 if status != OK {
                     rr.result = Some(Err(P2pError::RemoteTransfer {
                         rank: rr.comm.rank_of(src).unwrap_or(src),
                     }));
                 }
-                if rr.detached {
-                    self.reqs.remove(&recv_id);
-                }
+                reqs.settle(recv_id);
+                Ok(())
             }
-            _ if status != OK => {}
-            _ => self.fault(src, format!("FIN for receive {recv_id}, which is not receiving")),
+            _ if status != OK => Ok(()),
+            _ => Err(format!("FIN for receive {recv_id}, which is not receiving")),
         }
     }
 
-    /// The sender lets go of `send_id`: if its RTS is not yet being read in place, make
-    /// sure it never is, and say so.
-    pub(super) fn on_revoke(&mut self, src: u32, send_id: u32) {
-        let revoke = |offered: &mut Strategies, cookie: &mut Vec<u8>| {
-            *offered = offered.without(Strategy::Cma);
-            cookie.clear();
-        };
-        for u in self.unexpected.iter_mut() {
-            if let Body::Rts(r) = &mut u.body
-                && u.src == src
-                && r.send_id == send_id
-            {
-                revoke(&mut r.offered, &mut r.cookie);
-                return self.ctrl(src, REVOKED, send_id, &[]);
-            }
-        }
-        for req in self.reqs.values_mut() {
+    /// Takes the CMA offer out of `src`'s send `send_id` if a receive matched it but has
+    /// not chosen yet; says whether it did.
+    pub(crate) fn revoke_unchosen(&mut self, reqs: &mut Requests, src: u32, send_id: u32) -> bool {
+        for req in reqs.values_mut() {
             if let Req::Recv(RecvReq {
                 state:
                     RState::Rndv {
@@ -340,15 +268,17 @@ impl Engine {
                 && *peer == src
                 && *sid == send_id
             {
-                revoke(offered, cookie);
-                return self.ctrl(src, REVOKED, send_id, &[]);
+                *offered = offered.without(Strategy::Cma);
+                cookie.clear();
+                return true;
             }
         }
-        // Already being read: DONE will answer.
+        false
     }
 
-    pub(super) fn on_revoked(&mut self, src: u32, send_id: u32) {
-        if let Some(Req::Send(s)) = self.reqs.get_mut(&send_id)
+    /// The receiver of `send_id` will not read its pages in place.
+    pub(crate) fn on_revoked(&mut self, reqs: &mut Requests, src: u32, send_id: u32) {
+        if let Some(Req::Send(s)) = reqs.get_mut(send_id)
             && s.dest == src
         {
             s.offered = s.offered.without(Strategy::Cma);
@@ -356,11 +286,11 @@ impl Engine {
     }
 
     /// Pushes chunks of accepted large messages while the channel has room.
-    pub(super) fn push<C: Channel>(&mut self, ch: &mut C) -> Result<(), P2pError> {
+    pub(crate) fn push<C: Channel>(&mut self, reqs: &mut Requests, ch: &mut C) -> Result<(), ChannelError> {
         let mut i = 0;
         while i < self.pushing.len() {
             let id = self.pushing[i];
-            let Some(Req::Send(s)) = self.reqs.get_mut(&id) else {
+            let Some(Req::Send(s)) = reqs.get_mut(id) else {
                 self.pushing.swap_remove(i);
                 continue;
             };
@@ -407,10 +337,10 @@ impl Engine {
     }
 
     /// Moves every transfer of the LMT on: chooses strategies for matched receives,
-    /// starts sends whose CTS came, and moves data.
-    pub(super) fn drive_lmt<C: Channel>(&mut self, ch: &mut C) -> Result<(), P2pError> {
+    /// starts sends whose CTS came, and moves data. Control packets go to `out`.
+    pub(crate) fn drive<C: Channel>(&mut self, reqs: &mut Requests, ch: &mut C, out: &mut Outbox) {
         if self.retired.is_empty() && self.lmt_active.is_empty() {
-            return Ok(());
+            return;
         }
         let mut none = NoLmt;
         let lmt: &mut dyn Lmt = match ch.lmt() {
@@ -423,76 +353,39 @@ impl Engine {
         let mut i = 0;
         while i < self.lmt_active.len() {
             let id = self.lmt_active[i];
-            let after = match self.reqs.get_mut(&id) {
+            let after = match reqs.get_mut(id) {
                 Some(Req::Recv(rr)) => recv_step(lmt, id, rr),
                 Some(Req::Send(s)) => send_step(lmt, s),
                 None => After::default(),
             };
             if let Some((dest, kind, aux, payload)) = after.ctrl {
-                self.ctrl(dest, kind, aux, &payload);
+                out.push(dest, ctrl(kind, aux), &payload);
             }
-            if after.forget {
-                self.reqs.remove(&id);
-            }
+            reqs.settle(id);
             if after.keep {
                 i += 1;
             } else {
                 self.lmt_active.swap_remove(i);
             }
         }
-        Ok(())
     }
+}
 
-    /// Whether request `id` lent its pages to the peer in place, so that they cannot be
-    /// given back (or copied and given back) until the peer answers.
-    pub(super) fn holds_in_place(&self, id: u32) -> bool {
-        match self.reqs.get(&id) {
-            Some(Req::Send(s)) => match &s.state {
-                SState::WaitCts => s.offered.has(Strategy::Cma),
-                SState::Lmt { .. } | SState::WaitDone => {
-                    s.owned.is_none() && s.used.is_some_and(Strategy::reads_in_place)
-                }
-                _ => false,
-            },
-            Some(Req::Recv(rr)) => matches!(
-                &rr.state,
-                RState::Rndv { stage: Stage::Lmt(x), .. } if x.strategy == Strategy::CmaPut
-            ),
-            None => false,
-        }
-    }
-
-    /// Lets a request go: cancels, drains into nothing, or copies what a send still
-    /// needs, so the buffer is never touched again. The caller has made sure the
-    /// request does not hold its pages in place ([`Engine::holds_in_place`]).
-    pub(crate) fn release(&mut self, id: u32) {
-        let Some(req) = self.reqs.get_mut(&id) else { return };
-        if req.is_done() {
-            self.reqs.remove(&id);
-            return;
-        }
-        match req {
-            Req::Recv(rr) => {
-                if matches!(rr.state, RState::Posted) {
-                    self.posted.retain(|q| q.id != id);
-                    self.reqs.remove(&id);
-                    return;
-                }
-                rr.bufs = Bufs::NONE;
-                rr.detached = true;
+/// Whether request `r` lent its pages to the peer in place, so that they cannot be given
+/// back (or copied and given back) until the peer answers.
+pub(crate) fn holds_in_place(r: &Req) -> bool {
+    match r {
+        Req::Send(s) => match &s.state {
+            SState::WaitCts => s.offered.has(Strategy::Cma),
+            SState::Lmt { .. } | SState::WaitDone => {
+                s.owned.is_none() && s.used.is_some_and(Strategy::reads_in_place)
             }
-            Req::Send(s) => {
-                if s.owned.is_none() {
-                    let mut v = Vec::with_capacity(s.len);
-                    for p in s.bufs.slices(0, s.len) {
-                        v.extend_from_slice(p);
-                    }
-                    s.owned = Some(v);
-                }
-                s.bufs = Bufs::NONE;
-                s.detached = true;
-            }
-        }
+            _ => false,
+        },
+        Req::Recv(rr) => matches!(
+            &rr.state,
+            RState::Rndv { stage: Stage::Lmt(x), .. } if x.strategy == Strategy::CmaPut
+        ),
     }
 }
 
@@ -534,15 +427,6 @@ impl Lmt for NoLmt {
     fn peer_terminated(&mut self, _: u32) {}
 }
 
-/// A CTS payload.
-fn cts(recv_id: u32, strategy: Strategy, cookie: &[u8]) -> Vec<u8> {
-    let mut p = Vec::with_capacity(5 + cookie.len());
-    p.extend_from_slice(&recv_id.to_le_bytes());
-    p.push(strategy as u8);
-    p.extend_from_slice(cookie);
-    p
-}
-
 /// One step of a matched large receive.
 fn recv_step(lmt: &mut dyn Lmt, id: u32, rr: &mut RecvReq) -> After {
     let RState::Rndv {
@@ -565,14 +449,13 @@ fn recv_step(lmt: &mut dyn Lmt, id: u32, rr: &mut RecvReq) -> After {
         rr.state = RState::Done;
         After {
             ctrl: Some((peer, DONE, send_id, vec![status])),
-            forget: rr.detached,
             ..After::default()
         }
     };
     let chunks = |stage: &mut Stage| {
         *stage = Stage::Chunks { got: 0 };
         After {
-            ctrl: Some((peer, CTS, send_id, cts(id, Strategy::Chunks, &[]))),
+            ctrl: Some((peer, CTS, send_id, wire::cts(id, Strategy::Chunks, &[]))),
             ..After::default()
         }
     };
@@ -594,8 +477,8 @@ fn recv_step(lmt: &mut dyn Lmt, id: u32, rr: &mut RecvReq) -> After {
                     After {
                         // A put waits for FIN; the others move data from the next chores.
                         keep: mode != Mode::Put,
-                        ctrl: (mode != Mode::Get).then(|| (peer, CTS, send_id, cts(id, strategy, &reply))),
-                        forget: false,
+                        ctrl: (mode != Mode::Get)
+                            .then(|| (peer, CTS, send_id, wire::cts(id, strategy, &reply))),
                     }
                 }
                 Err(e) => done(rr, Some(e)),
@@ -643,7 +526,6 @@ fn send_step(lmt: &mut dyn Lmt, s: &mut SendReq) -> After {
         s.owned = None;
         After {
             ctrl: Some((s.dest, FIN, recv_id, vec![status])),
-            forget: s.detached,
             ..After::default()
         }
     };
@@ -684,167 +566,5 @@ fn send_step(lmt: &mut dyn Lmt, s: &mut SendReq) -> After {
             }
         }
         _ => After::default(),
-    }
-}
-
-impl<C: Channel> World<C> {
-    /// Starts a send of the `len` bytes in `bufs`: eager sends are complete on return
-    /// (`None`); large ones return the request to wait for, whose buffer must stay lent
-    /// until it completes.
-    pub(crate) fn start_send_bufs(
-        &mut self,
-        comm: &Arc<CommInner>,
-        dest: u32,
-        tag: i32,
-        ctx: u32,
-        bufs: Bufs,
-        len: usize,
-    ) -> Result<Option<u32>, P2pError> {
-        let d = comm.world_of(dest)?;
-        if len
-            <= self
-                .eager_to
-                .get(d as usize)
-                .copied()
-                .unwrap_or(self.cfg.eager_limit)
-        {
-            let h = Header {
-                kind: super::engine::EAGER,
-                context: ctx,
-                tag,
-                aux: 0,
-                flags: 0,
-            };
-            match &bufs {
-                Bufs::One(s) if !s.ptr.is_null() => {
-                    // SAFETY: the caller lends the buffer for this call.
-                    let data = unsafe { std::slice::from_raw_parts(s.ptr.cast_const(), s.len) };
-                    self.ch.send_bytes(d, h, data)?
-                }
-                b => self.ch.send(d, h, &b.slices(0, len))?,
-            };
-            return Ok(None);
-        }
-        let id = self.eng.new_id();
-        let mut rts = Vec::with_capacity(9);
-        rts.extend_from_slice(&(len as u64).to_le_bytes());
-        rts.push(0);
-        let mut offered = match self.ch.lmt() {
-            Some(l) => l.offer(d, bufs.segs(), len, &mut rts),
-            None => Strategies::CHUNKS,
-        };
-        if rts.len() > self.ch.max_payload() {
-            // Too many pieces to describe in one packet: no reading in place.
-            offered = offered.without(Strategy::Cma);
-            rts.truncate(9);
-        }
-        rts[8] = offered.0;
-        self.eng.reqs.insert(
-            id,
-            Req::Send(SendReq {
-                bufs,
-                len,
-                dest: d,
-                comm: comm.clone(),
-                state: SState::WaitCts,
-                offered,
-                used: None,
-                owned: None,
-                result: Some(Ok(Status {
-                    source: dest,
-                    tag,
-                    len,
-                })),
-                detached: false,
-            }),
-        );
-        let h = Header {
-            kind: RTS,
-            context: ctx,
-            tag,
-            aux: id,
-            flags: 0,
-        };
-        if let Err(e) = self.ch.send_bytes(d, h, &rts) {
-            self.eng.reqs.remove(&id);
-            return Err(e.into());
-        }
-        Ok(Some(id))
-    }
-
-    /// Lets request `id` go (see [`Engine::release`]). A request whose pages the peer
-    /// reads or writes in place is first made safe: a send that offered them asks the
-    /// receiver to revoke the offer, and either waits for the answer, or for the
-    /// transfer to end, whichever comes first; a receive being written waits for the
-    /// writer. A dead peer ends the wait.
-    pub(crate) fn release(&mut self, id: u32) {
-        if self.eng.holds_in_place(id) {
-            if let Some(Req::Send(s)) = self.eng.reqs.get(&id)
-                && matches!(s.state, SState::WaitCts)
-            {
-                let h = Header {
-                    kind: REVOKE,
-                    aux: id,
-                    ..Header::default()
-                };
-                let dest = s.dest;
-                if let Err(e) = self.ch.send_bytes(dest, h, &[]) {
-                    self.eng.defer(e.into());
-                }
-            }
-            let mut last_check = Instant::now();
-            while self.eng.holds_in_place(id) {
-                if let Err(e) = self.progress() {
-                    self.eng.defer(e);
-                }
-                if last_check.elapsed() >= self.cfg.failure_check {
-                    last_check = Instant::now();
-                    self.check_failed(id);
-                }
-                std::thread::yield_now();
-            }
-        }
-        self.eng.release(id);
-    }
-}
-
-impl<C: Channel> World<C> {
-    /// Sends the concatenation of `bufs` to rank `dest` of `comm` with `tag`, without
-    /// packing it first where the transfer allows (CMA reads the pieces in place).
-    pub fn send_iov(
-        &mut self,
-        comm: &super::Comm,
-        dest: u32,
-        tag: i32,
-        bufs: &[&[u8]],
-    ) -> Result<(), P2pError> {
-        let c = self.check_comm(comm)?.clone();
-        Self::check_tag(tag)?;
-        let segs: Box<[Seg]> = bufs.iter().map(|b| Seg::of(b)).collect();
-        let len = segs.iter().map(|s| s.len).sum();
-        match self.start_send_bufs(&c, dest, tag, c.ctx, Bufs::Many(segs), len)? {
-            None => Ok(()),
-            Some(id) => self.block_on(id).map(|_| ()),
-        }
-    }
-
-    /// Receives a message from `src` with `tag` into the slices of `bufs` in turn,
-    /// without an intermediate buffer where the transfer allows.
-    pub fn recv_iov(
-        &mut self,
-        comm: &super::Comm,
-        src: impl Into<Option<u32>>,
-        tag: impl Into<Option<i32>>,
-        bufs: &mut [&mut [u8]],
-    ) -> Result<Status, P2pError> {
-        let c = self.check_comm(comm)?.clone();
-        let tag = tag.into();
-        if let Some(t) = tag {
-            Self::check_tag(t)?;
-        }
-        let segs: Box<[Seg]> = bufs.iter_mut().map(|b| Seg::of_mut(b)).collect();
-        let len = segs.iter().map(|s| s.len).sum();
-        let id = self.start_recv(&c, src.into(), tag, c.ctx, Bufs::Many(segs), len)?;
-        self.block_on(id)
     }
 }

@@ -10,13 +10,13 @@
 //! Requests are neither `Send` nor `Sync`, so a drop can never race the engine.
 
 use super::comm::Comm;
-use super::engine::{Bufs, Req, World};
-use super::{P2pError, Status};
+use super::requests::Bufs;
+use super::{P2pError, Status, World};
 use crate::channel::Channel;
+use crate::progress::Idle;
 use nemesis_lmt::Seg;
 use std::cell::{RefCell, RefMut};
 use std::marker::PhantomData;
-use std::time::Instant;
 
 /// A region of code in which non-blocking operations may borrow buffers. Made by
 /// [`World::scope`].
@@ -229,7 +229,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
             World::<C>::check_tag(t)?;
         }
         let (ptr, len) = (buf.as_mut_ptr(), buf.len());
-        let id = w.start_recv(c, src.into(), tag, c.ctx, Bufs::One(Seg::of_mut(buf)), len)?;
+        let id = w.start_recv(c, src.into(), tag, c.ctx, Bufs::One(Seg::of_mut(buf)), len, None)?;
         Ok(self.request(&w, id, Kind::Recv, ptr, len))
     }
 
@@ -248,7 +248,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         World::<C>::check_tag(tag)?;
         let segs: Box<[Seg]> = bufs.iter().map(|b| Seg::of(b)).collect();
         let len = segs.iter().map(|s| s.len).sum();
-        let id = w.start_send_bufs(c, dest, tag, c.ctx, Bufs::Many(segs), len)?;
+        let id = w.start_send_bufs(c, dest, tag, c.ctx, Bufs::Many(segs), len, None)?;
         let mut r = self.request(&w, id.unwrap_or(0), Kind::Send, std::ptr::null_mut(), len);
         if id.is_none() {
             r.ready = Some(Ok(Status {
@@ -277,7 +277,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         }
         let segs: Box<[Seg]> = bufs.into_iter().map(Seg::of_mut).collect();
         let len = segs.iter().map(|s| s.len).sum();
-        let id = w.start_recv(c, src.into(), tag, c.ctx, Bufs::Many(segs), len)?;
+        let id = w.start_recv(c, src.into(), tag, c.ctx, Bufs::Many(segs), len, None)?;
         Ok(self.request(&w, id, Kind::Recv, std::ptr::null_mut(), len))
     }
 
@@ -290,7 +290,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
     }
 
     fn is_complete(w: &World<C>, r: &Request<'_>) -> bool {
-        r.id == 0 || w.eng.reqs.get(&r.id).is_none_or(Req::is_done)
+        r.id == 0 || w.eng.reqs.finished(r.id)
     }
 
     /// Makes progress; returns whether the request has finished (then [`Scope::wait`]
@@ -309,7 +309,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         let result = match r.ready.take() {
             Some(res) => res,
             None => {
-                let res = w.finish(r.id);
+                let res = w.eng.finish(r.id);
                 self.state.live.borrow_mut().retain(|&id| id != r.id);
                 res
             }
@@ -377,8 +377,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         for r in rs.iter() {
             Self::check_world(&w, r)?;
         }
-        let check = w.cfg.failure_check;
-        let mut last_check = Instant::now();
+        let mut idle = Idle::new();
         loop {
             if let Some(i) = rs.iter().position(|r| Self::is_complete(&w, r)) {
                 let r = rs.remove(i);
@@ -388,14 +387,8 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
             if rs.iter().any(|r| Self::is_complete(&w, r)) {
                 continue;
             }
-            w.ch.wait(Some(check))?;
-            if last_check.elapsed() >= check {
-                last_check = Instant::now();
-                let ids: Vec<u32> = rs.iter().map(|r| r.id).collect();
-                for id in ids {
-                    w.check_failed(id);
-                }
-            }
+            let n = rs.len();
+            w.idle_ids(&mut idle, n, &|| rs.iter().map(|r| r.id).collect())?;
         }
     }
 }

@@ -3,81 +3,11 @@
 
 use super::*;
 use crate::channel::{Channel, NemesisChannel, ShmChannel, WaitPolicy};
+use crate::testkit::{job, job_forced, job_with, pattern};
 use nemesis_lmt::{LmtError, Strategy};
 use nemesis_shm::{Geometry, Segment};
 use std::sync::Arc;
 use std::time::Duration;
-
-/// Runs `f(world)` as each of `n` ranks, each on its own thread; returns their results.
-fn job<T: Send + 'static>(n: u32, f: impl Fn(World) -> T + Send + Sync + 'static) -> Vec<T> {
-    job_with(n, Geometry::default(), |_| {}, f)
-}
-
-/// As [`job`], with the tunables changed by `tweak`.
-fn job_with<T: Send + 'static>(
-    n: u32,
-    geo: Geometry,
-    tweak: impl Fn(&mut Config) + Send + Sync + 'static,
-    f: impl Fn(World) -> T + Send + Sync + 'static,
-) -> Vec<T> {
-    job_full(n, geo, None, tweak, f)
-}
-
-/// As [`job`], with every large message moved by strategy `force`.
-fn job_forced<T: Send + 'static>(
-    n: u32,
-    force: Strategy,
-    f: impl Fn(World) -> T + Send + Sync + 'static,
-) -> Vec<T> {
-    job_full(n, Geometry::default(), Some(force), |_| {}, f)
-}
-
-fn job_full<T: Send + 'static>(
-    n: u32,
-    geo: Geometry,
-    force: Option<Strategy>,
-    tweak: impl Fn(&mut Config) + Send + Sync + 'static,
-    f: impl Fn(World) -> T + Send + Sync + 'static,
-) -> Vec<T> {
-    let tweak = Arc::new(tweak);
-    let seg = Arc::new(Segment::anonymous(n, geo).unwrap());
-    let ranks: Vec<u32> = (0..n).collect();
-    let f = Arc::new(f);
-    let handles: Vec<_> = (0..n)
-        .map(|r| {
-            let (seg, ranks, f, tweak) = (seg.clone(), ranks.clone(), f.clone(), tweak.clone());
-            std::thread::spawn(move || {
-                let policy = WaitPolicy {
-                    spin: 200,
-                    yields: 50,
-                    slice: Duration::from_millis(20),
-                };
-                let mut ch = ShmChannel::from_segment(seg, r, n, &ranks, r, policy).unwrap();
-                if force.is_some() {
-                    let lmt = ch.local_lmt();
-                    let p = nemesis_lmt::Policy {
-                        force,
-                        ..lmt.policy()
-                    };
-                    lmt.set_policy(p).unwrap();
-                }
-                let mut cfg = Config::from_lookup(ch.max_payload(), |_| None).unwrap();
-                tweak(&mut cfg);
-                f(World::with_config(NemesisChannel::with_netmod(ch, None), cfg).unwrap())
-            })
-        })
-        .collect();
-    handles
-        .into_iter()
-        .map(|h| h.join().expect("rank panicked"))
-        .collect()
-}
-
-fn pattern(seed: u32, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) as u8)
-        .collect()
-}
 
 #[test]
 fn eager_and_large_messages_arrive_intact() {
@@ -957,13 +887,13 @@ fn raw_cma_rts(w: &mut World, dest: u32, send_id: u32, total: u64, pieces: &[(u6
         p.extend_from_slice(&l.to_le_bytes());
     }
     let h = crate::channel::Header {
-        kind: super::engine::RTS,
+        kind: super::wire::RTS,
         context: 0,
         tag: 5,
         aux: send_id,
         flags: 0,
     };
-    w.channel().send_bytes(dest, h, &p).unwrap();
+    w.channel_mut().send_bytes(dest, h, &p).unwrap();
 }
 
 use nemesis_lmt::Strategies;
@@ -1008,7 +938,7 @@ fn a_cookie_naming_memory_the_peer_does_not_own_or_the_wrong_length_is_a_typed_e
 fn raw_next(w: &mut World, kind: u16) -> (u32, Vec<u8>) {
     loop {
         let mut got = None;
-        w.channel()
+        w.channel_mut()
             .poll(|p| {
                 if got.is_none() && p.header.kind == kind {
                     got = Some((p.header.aux, p.payload.to_vec()));
@@ -1024,7 +954,7 @@ fn raw_next(w: &mut World, kind: u16) -> (u32, Vec<u8>) {
 
 #[test]
 fn a_failure_on_either_side_of_a_transfer_is_reported_to_the_other() {
-    use super::engine::{CTS, FIN, RTS};
+    use super::wire::{CTS, FIN, RTS};
     job_forced(2, Strategy::Ring, |mut w| {
         let c = w.comm();
         let h = |kind, aux| crate::channel::Header {
@@ -1053,18 +983,18 @@ fn a_failure_on_either_side_of_a_transfer_is_reported_to_the_other() {
             let mut rts = 100_000u64.to_le_bytes().to_vec();
             rts.push(Strategies::CHUNKS.with(Strategy::Ring).0);
             let rts_h = crate::channel::Header { tag: 1, ..h(RTS, 77) };
-            w.channel().send_bytes(1, rts_h, &rts).unwrap();
+            w.channel_mut().send_bytes(1, rts_h, &rts).unwrap();
             let (send_id, cts) = raw_next(&mut w, CTS);
             assert_eq!(send_id, 77);
             let recv_id = u32::from_le_bytes(cts[..4].try_into().unwrap());
-            w.channel().send_bytes(1, h(FIN, recv_id), &[1]).unwrap();
+            w.channel_mut().send_bytes(1, h(FIN, recv_id), &[1]).unwrap();
         } else {
             // 1. As a broken receiver: answer the RTS with a bogus ring name.
             let (send_id, _) = raw_next(&mut w, RTS);
             let mut cts = 9u32.to_le_bytes().to_vec();
             cts.push(Strategy::Ring as u8);
             cts.extend_from_slice(b"nemesis-nothing-lmt-ring-0-1");
-            w.channel().send_bytes(0, h(CTS, send_id), &cts).unwrap();
+            w.channel_mut().send_bytes(0, h(CTS, send_id), &cts).unwrap();
             let (recv_id, status) = raw_next(&mut w, FIN);
             assert_eq!(
                 (recv_id, status),
@@ -1078,4 +1008,52 @@ fn a_failure_on_either_side_of_a_transfer_is_reported_to_the_other() {
             assert!(matches!(e, P2pError::RemoteTransfer { rank: 0 }), "{e}");
         }
     });
+}
+
+/// A blocked call returns as soon as its request completes, not when its wait times out:
+/// with sleeps and failure checks of an hour, 50 rendezvous each way still finish (a
+/// lost wake-up would hang until the harness gives up).
+#[test]
+fn blocked_calls_return_when_their_request_completes_not_when_their_sleep_ends() {
+    let seg = Arc::new(Segment::anonymous(2, Geometry::default()).unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    for r in 0..2u32 {
+        let (seg, tx) = (seg.clone(), tx.clone());
+        std::thread::spawn(move || {
+            let hour = Duration::from_secs(3600);
+            let policy = WaitPolicy {
+                spin: 200,
+                yields: 50,
+                slice: hour,
+            };
+            let mut ch = ShmChannel::from_segment(seg, r, 2, &[0, 1], r, policy).unwrap();
+            let lmt = ch.local_lmt();
+            let p = nemesis_lmt::Policy {
+                force: Some(Strategy::Chunks),
+                ..lmt.policy()
+            };
+            lmt.set_policy(p).unwrap();
+            let mut cfg = Config::from_lookup(ch.max_payload(), |_| None).unwrap();
+            cfg.failure_check = hour;
+            let mut w = World::with_config(NemesisChannel::with_netmod(ch, None), cfg).unwrap();
+            let c = w.comm();
+            for i in 0..50 {
+                let data = pattern(i, 50_000);
+                let mut b = vec![0u8; 50_000];
+                if r == 0 {
+                    w.send(&c, 1, 0, &data).unwrap();
+                    w.recv(&c, 1, 1, &mut b).unwrap();
+                } else {
+                    w.recv(&c, 0, 0, &mut b).unwrap();
+                    w.send(&c, 0, 1, &data).unwrap();
+                }
+                assert!(b == data);
+            }
+            tx.send(r).unwrap();
+        });
+    }
+    for _ in 0..2 {
+        rx.recv_timeout(Duration::from_secs(120))
+            .expect("a blocked call slept past its request's completion");
+    }
 }

@@ -21,6 +21,7 @@ pub use stats::Summary;
 
 use crate::launch::server::process_mapping;
 use crate::launch::{Exit, Job, LaunchError, Pmi, Spec, Watch, new_kvsname};
+use nemesis::ProtocolId;
 use nemesis::bootstrap::{Boot, BootError, PmiClient};
 use nemesis::channel::{Channel, ChannelError, Header, NO_SHM_VAR, NemesisChannel, Packet, ShmChannel};
 use nemesis::shm::Segment;
@@ -36,10 +37,12 @@ pub const ROLE_VAR: &str = "NEMESIS_MEASURE_ROLE";
 const CPU_VAR: &str = "NEMESIS_MEASURE_CPU";
 const RING_VAR: &str = "NEMESIS_MEASURE_RING";
 
-const KIND_CTRL: u16 = 0xC0;
-const KIND_DATA: u16 = 0xD0;
-const KIND_ACK: u16 = 0xA0;
-const KIND_DONE: u16 = 0xE0;
+/// The measurement's own packets, of the benchmarks' protocol, so that a world on the
+/// same channel never takes them for its own.
+const KIND_CTRL: u16 = ProtocolId::BENCH.kind(0x01);
+const KIND_DATA: u16 = ProtocolId::BENCH.kind(0x02);
+const KIND_ACK: u16 = ProtocolId::BENCH.kind(0x03);
+const KIND_DONE: u16 = ProtocolId::BENCH.kind(0x04);
 
 const OP_ECHO: u32 = 1;
 const OP_PROBE: u32 = 2;

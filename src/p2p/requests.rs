@@ -1,0 +1,343 @@
+//! Requests: what the engine knows of each unfinished send and receive, the buffers lent
+//! to it, and the table that holds them.
+
+use super::comm::CommInner;
+use super::{P2pError, Status};
+use nemesis_lmt::{Seg, Strategies, Strategy, Xfer};
+use std::sync::Arc;
+
+/// A buffer a request lent to the engine: one piece, or a list of them (an iovec).
+///
+/// The engine dereferences it only while the buffer is lent: during a blocking call that
+/// borrows it, within the scope of the scoped request that borrows it (which clears it,
+/// by cancelling, copying or waiting for the peer, before the borrow can end; see
+/// `scope.rs`), or for as long as an owned request's slot holds the buffer (see
+/// `owned.rs`).
+#[derive(Debug, Clone)]
+pub(crate) enum Bufs {
+    One(Seg),
+    Many(Box<[Seg]>),
+}
+
+impl Bufs {
+    /// No buffer: what a released request keeps.
+    pub(crate) const NONE: Bufs = Bufs::One(Seg {
+        ptr: std::ptr::null_mut(),
+        len: 0,
+    });
+
+    pub(crate) fn segs(&self) -> &[Seg] {
+        match self {
+            Bufs::One(s) if s.ptr.is_null() => &[],
+            Bufs::One(s) => std::slice::from_ref(s),
+            Bufs::Many(v) => v,
+        }
+    }
+
+    /// Writes `data` at byte `off`, dropping what falls past the end.
+    ///
+    /// # Safety
+    /// The buffer must be lent (see the type) and not otherwise in use.
+    pub(crate) unsafe fn write_at(&self, off: usize, data: &[u8]) {
+        if let Bufs::One(s) = self {
+            if off < s.len && !s.ptr.is_null() {
+                // SAFETY: `off < len`: the rest of the lent piece, which nothing else uses.
+                let dst = unsafe { std::slice::from_raw_parts_mut(s.ptr.add(off), s.len - off) };
+                nemesis_shm::region::copy_into(dst, data);
+            }
+            return;
+        }
+        let mut at = nemesis_shm::ring::SegCursor::default();
+        at.walk(self.segs(), off, |_, _| {});
+        let mut put = 0;
+        at.walk(self.segs(), data.len(), |p, len| {
+            // SAFETY: `p` is inside a lent piece for `len` bytes, and `put + len` is
+            // within `data`.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(put), p, len) };
+            put += len;
+        });
+    }
+
+    /// The pieces of bytes `off..off + n`.
+    pub(crate) fn slices(&self, off: usize, n: usize) -> Vec<&[u8]> {
+        let mut at = nemesis_shm::ring::SegCursor::default();
+        at.walk(self.segs(), off, |_, _| {});
+        let mut out = Vec::new();
+        at.walk(self.segs(), n, |p, len| {
+            // SAFETY: `p` is inside a lent piece, readable for `len` bytes while the
+            // buffer is lent, which outlasts the returned borrow of `self`.
+            out.push(unsafe { std::slice::from_raw_parts(p.cast_const(), len) });
+        });
+        out
+    }
+}
+
+/// Where a matched large receive is.
+#[derive(Debug)]
+pub(crate) enum Stage {
+    /// Matched; the next chores choose a strategy (which needs the channel).
+    Choose { offered: Strategies, cookie: Vec<u8> },
+    /// Chunks are arriving in DATA packets; `got` bytes so far.
+    Chunks { got: usize },
+    /// A strategy of the LMT is moving the data.
+    Lmt(Xfer),
+}
+
+#[derive(Debug)]
+pub(crate) enum RState {
+    /// In the posted queue.
+    Posted,
+    /// Matched to a large message that is on its way.
+    Rndv {
+        peer: u32,
+        send_id: u32,
+        total: usize,
+        stage: Stage,
+    },
+    /// Complete; the result is in `result`.
+    Done,
+}
+
+#[derive(Debug)]
+pub(crate) enum SState {
+    /// RTS sent; waiting for the receiver to match it (and, for a get, for DONE).
+    WaitCts,
+    /// The CTS named a strategy of the LMT, to start at the next chores.
+    Cts {
+        recv_id: u32,
+        strategy: Strategy,
+        cookie: Vec<u8>,
+    },
+    /// Pushing chunks from `off`.
+    Push { recv_id: u32, off: usize },
+    /// Moving the data with a strategy of the LMT.
+    Lmt { recv_id: u32, x: Xfer },
+    /// Everything sent; waiting for DONE.
+    WaitDone,
+    /// Complete.
+    Done,
+}
+
+/// Who hears of an owned request's end: the slot its handle shares with the engine.
+pub(crate) trait Completion: Send + Sync + std::fmt::Debug {
+    /// The request finished with `result`; the engine has let go of the buffer.
+    fn complete(&self, result: Result<Status, P2pError>);
+}
+
+#[derive(Debug)]
+pub(crate) struct RecvReq {
+    pub bufs: Bufs,
+    pub cap: usize,
+    pub comm: Arc<CommInner>,
+    /// The source selected, as a world rank.
+    pub src: Option<u32>,
+    pub state: RState,
+    pub result: Option<Result<Status, P2pError>>,
+    /// The request was let go: drain into nothing, and forget it when done.
+    pub detached: bool,
+    /// An owned request's slot, told when the request ends.
+    pub owner: Option<Arc<dyn Completion>>,
+}
+
+impl RecvReq {
+    pub(crate) fn new(bufs: Bufs, cap: usize, comm: Arc<CommInner>, src: Option<u32>) -> Self {
+        Self {
+            bufs,
+            cap,
+            comm,
+            src,
+            state: RState::Posted,
+            result: None,
+            detached: false,
+            owner: None,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct SendReq {
+    pub bufs: Bufs,
+    pub len: usize,
+    pub dest: u32,
+    pub comm: Arc<CommInner>,
+    pub state: SState,
+    /// What the RTS offered; a revoked offer loses the strategies that read in place.
+    pub offered: Strategies,
+    /// The strategy the CTS chose, once it came.
+    pub used: Option<Strategy>,
+    /// The remaining data, copied when the request was let go.
+    pub owned: Option<Vec<u8>>,
+    pub result: Option<Result<Status, P2pError>>,
+    pub detached: bool,
+    pub owner: Option<Arc<dyn Completion>>,
+}
+
+#[derive(Debug)]
+pub(crate) enum Req {
+    Recv(RecvReq),
+    Send(SendReq),
+}
+
+impl Req {
+    pub(crate) fn is_done(&self) -> bool {
+        match self {
+            Req::Recv(r) => matches!(r.state, RState::Done),
+            Req::Send(s) => matches!(s.state, SState::Done),
+        }
+    }
+
+    /// Whether nobody will take the result: a released request, or an owned one whose
+    /// slot is told instead.
+    fn forgotten(&self) -> bool {
+        match self {
+            Req::Recv(r) => r.detached || r.owner.is_some(),
+            Req::Send(s) => s.detached || s.owner.is_some(),
+        }
+    }
+}
+
+/// Bits of a request id that index the table; the rest count the slot's reuses, so an
+/// id from the wire that names a finished request is not taken for a newer one.
+const INDEX_BITS: u32 = 20;
+const INDEX_MASK: u32 = (1 << INDEX_BITS) - 1;
+/// Most requests alive at once.
+pub(crate) const MAX_REQUESTS: usize = INDEX_MASK as usize - 1;
+
+#[derive(Debug, Default)]
+struct Slot {
+    generation: u32,
+    req: Option<Req>,
+}
+
+/// The requests the engine knows, by id: a table whose freed slots are reused, so
+/// lookups are an index, not a hash.
+#[derive(Debug, Default)]
+pub(crate) struct Requests {
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    live: usize,
+}
+
+impl Requests {
+    /// Adds `req`; its id is never 0.
+    pub(crate) fn insert(&mut self, req: Req) -> Result<u32, P2pError> {
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None if self.slots.len() < MAX_REQUESTS => {
+                self.slots.push(Slot::default());
+                self.slots.len() as u32 - 1
+            }
+            None => {
+                return Err(P2pError::InvalidArgument(format!(
+                    "more than {MAX_REQUESTS} requests are unfinished at once"
+                )));
+            }
+        };
+        let slot = &mut self.slots[index as usize];
+        slot.req = Some(req);
+        self.live += 1;
+        Ok(slot.generation << INDEX_BITS | (index + 1))
+    }
+
+    fn index(&self, id: u32) -> Option<usize> {
+        let i = (id & INDEX_MASK).checked_sub(1)? as usize;
+        let slot = self.slots.get(i)?;
+        (slot.generation == id >> INDEX_BITS && slot.req.is_some()).then_some(i)
+    }
+
+    #[inline]
+    pub(crate) fn get(&self, id: u32) -> Option<&Req> {
+        self.slots[self.index(id)?].req.as_ref()
+    }
+
+    #[inline]
+    pub(crate) fn get_mut(&mut self, id: u32) -> Option<&mut Req> {
+        let i = self.index(id)?;
+        self.slots[i].req.as_mut()
+    }
+
+    pub(crate) fn remove(&mut self, id: u32) -> Option<Req> {
+        let i = self.index(id)?;
+        let slot = &mut self.slots[i];
+        slot.generation = (slot.generation + 1) & (u32::MAX >> INDEX_BITS);
+        self.free.push(i as u32);
+        self.live -= 1;
+        slot.req.take()
+    }
+
+    /// Whether request `id` is unknown (forgotten) or complete.
+    #[inline]
+    pub(crate) fn finished(&self, id: u32) -> bool {
+        self.get(id).is_none_or(Req::is_done)
+    }
+
+    /// Requests alive.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.live
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, &Req)> {
+        self.slots.iter().enumerate().filter_map(|(i, s)| {
+            s.req
+                .as_ref()
+                .map(|r| (s.generation << INDEX_BITS | (i as u32 + 1), r))
+        })
+    }
+
+    pub(crate) fn values_mut(&mut self) -> impl Iterator<Item = &mut Req> {
+        self.slots.iter_mut().filter_map(|s| s.req.as_mut())
+    }
+
+    /// After request `id` may have finished: a finished request that nobody will ask
+    /// about is forgotten, and an owned one's slot is told.
+    pub(crate) fn settle(&mut self, id: u32) {
+        if !self.get(id).is_some_and(|r| r.is_done() && r.forgotten()) {
+            return;
+        }
+        match self.remove(id) {
+            Some(Req::Recv(RecvReq {
+                owner: Some(o),
+                result,
+                ..
+            }))
+            | Some(Req::Send(SendReq {
+                owner: Some(o),
+                result,
+                ..
+            })) => o.complete(result.unwrap_or(Err(P2pError::InvalidArgument(
+                "the request ended without a result".into(),
+            )))),
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn comm() -> Arc<CommInner> {
+        super::super::comm::Comm::new(1, 0, vec![0], 0, 1, true, None).inner
+    }
+
+    #[test]
+    fn ids_of_reused_slots_do_not_name_the_old_request() {
+        let mut t = Requests::default();
+        let a = t
+            .insert(Req::Recv(RecvReq::new(Bufs::NONE, 0, comm(), None)))
+            .unwrap();
+        assert_ne!(a, 0);
+        assert!(t.get(a).is_some());
+        t.remove(a).unwrap();
+        let b = t
+            .insert(Req::Recv(RecvReq::new(Bufs::NONE, 0, comm(), None)))
+            .unwrap();
+        assert_ne!(a, b, "a reused slot gets a new id");
+        assert!(t.get(a).is_none(), "the old id names nothing");
+        assert!(t.get(b).is_some());
+        assert!(t.get(0).is_none() && t.get(u32::MAX).is_none() && t.get(b + 1).is_none());
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.iter().map(|(id, _)| id).collect::<Vec<_>>(), vec![b]);
+    }
+}

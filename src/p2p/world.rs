@@ -1,0 +1,1090 @@
+//! The world: a job's two-sided endpoint, on the progress core of its channel. Blocking
+//! sends and receives, probes, and the loop every blocked call runs.
+
+use super::comm::{Comm, CommInner};
+use super::engine::{self, Engine};
+use super::node::{NodeColl, NodeWaiter};
+use super::owned::Mailbox;
+use super::requests::{Bufs, RecvReq, Req, SState, SendReq};
+use super::wire::{self, EAGER, REVOKE, RTS, Rts};
+use super::{Config, Locality, P2pError, Status};
+use crate::channel::{Channel, Header, NemesisChannel, Packet, Rank, SendStatus, WaitPolicy};
+use crate::progress::{Core, Idle, Others, Protocol, ProtocolId, RegistryError, Tick};
+use nemesis_lmt::{Seg, Strategies, Strategy};
+use nemesis_shm::Segment;
+use std::cell::Cell;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A job's two-sided endpoint over channel `C`.
+///
+/// It owns the channel's progress core: every blocking call, collective and
+/// [`World::progress`] polls through it, so the protocols registered on it (a runtime's
+/// own, with [`World::register`]) move on whichever call is waiting.
+///
+/// ```no_run
+/// let mut world = nemesis::init()?; // rank, size and peers from the process manager
+/// let comm = world.comm();
+/// if world.rank() == 0 {
+///     world.send(&comm, 1, 7, b"hello")?;
+/// } else if world.rank() == 1 {
+///     let mut buf = [0u8; 16];
+///     let st = world.recv(&comm, 0, 7, &mut buf)?;
+///     assert_eq!(&buf[..st.len], b"hello");
+/// }
+/// # Ok::<(), nemesis::P2pError>(())
+/// ```
+#[derive(Debug)]
+pub struct World<C: Channel = NemesisChannel> {
+    pub(crate) core: Core<C>,
+    pub(crate) eng: Engine,
+    pub(crate) id: u64,
+    world: Comm,
+    pub(crate) next_ctx: u32,
+    pub(crate) cfg: Config,
+    locality: Vec<Locality>,
+    /// The eager limit towards each rank: larger towards other nodes, whose netmod
+    /// carries larger packets.
+    eager_to: Vec<usize>,
+    /// The node's segment, whose blocks serve the collectives of node-local communicators.
+    pub(crate) node_seg: Option<Arc<Segment>>,
+    /// How a member waits in a node collective: as the channel waits, for as many
+    /// processes on as many CPUs.
+    node_wait: WaitPolicy,
+    /// Owned requests dropped by their handles, to let go at the next call.
+    pub(crate) mailbox: Arc<Mailbox>,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+/// Hands `p` to the two-sided engine or to the protocol it belongs to.
+#[inline(always)]
+fn dispatch(eng: &mut Engine, others: &mut Others<'_>, p: Packet<'_>) {
+    if ProtocolId::of(p.header.kind) == ProtocolId::P2P {
+        eng.handle(p.src, p.header, p.payload)
+    } else {
+        others.dispatch(p);
+        // Its outbox waits for the chores.
+        eng.chores = true;
+    }
+}
+
+impl<C: Channel> World<C> {
+    /// A world over `ch`, configured from the environment.
+    ///
+    /// # Errors
+    /// A bad `NEMESIS_*` variable of the two-sided layer or the progress core.
+    pub fn new(ch: C) -> Result<Self, P2pError> {
+        let cfg = Config::from_env(ch.max_payload())?;
+        Self::with_config(ch, cfg)
+    }
+
+    /// A world over `ch` with explicit tunables.
+    ///
+    /// # Errors
+    /// A bad `NEMESIS_SPIN`, `NEMESIS_YIELDS` or `NEMESIS_WAIT_WARN`.
+    pub fn with_config(ch: C, mut cfg: Config) -> Result<Self, P2pError> {
+        cfg.eager_limit = cfg.eager_limit.min(ch.max_payload());
+        let (me, size) = (ch.rank(), ch.size());
+        let id = crate::bootstrap::random_job_id();
+        let locality: Vec<Locality> = (0..size)
+            .map(|r| {
+                if r == me {
+                    Locality::Me
+                } else if ch.is_local(r) {
+                    Locality::Local
+                } else {
+                    Locality::Remote
+                }
+            })
+            .collect();
+        let all_local = locality.iter().all(|l| *l != Locality::Remote);
+        let node_seg = ch.node_segment().filter(|_| cfg.node_collectives);
+        let local = locality.iter().filter(|l| **l != Locality::Remote).count() as u32;
+        let node_wait = WaitPolicy::from_env(local, crate::channel::usable_cpus())?;
+        let node = node_seg
+            .clone()
+            .filter(|_| all_local)
+            .and_then(|s| NodeColl::join(s, 0, false));
+        let world = Comm::new(id, 0, (0..size).collect(), me, size, all_local, node);
+        let eager_to = locality
+            .iter()
+            .enumerate()
+            .map(|(r, l)| match l {
+                Locality::Remote => cfg.net_eager_limit.min(ch.max_payload_to(r as u32)),
+                _ => cfg.eager_limit,
+            })
+            .collect();
+        let mut core_cfg = crate::progress::Config::from_env()?;
+        core_cfg.failure_check = cfg.failure_check;
+        Ok(Self {
+            core: Core::with_config(ch, core_cfg)?,
+            eng: Engine::new(size),
+            id,
+            world,
+            next_ctx: 1,
+            cfg,
+            locality,
+            eager_to,
+            node_seg,
+            node_wait,
+            mailbox: Arc::default(),
+            _not_sync: PhantomData,
+        })
+    }
+
+    /// Our rank in the job.
+    pub fn rank(&self) -> u32 {
+        self.core.ch.rank()
+    }
+
+    /// Ranks in the job.
+    pub fn size(&self) -> u32 {
+        self.core.ch.size()
+    }
+
+    /// The communicator of every rank.
+    pub fn comm(&self) -> Comm {
+        self.world.clone()
+    }
+
+    /// Where each rank is, as seen from here.
+    pub fn locality(&self) -> &[Locality] {
+        &self.locality
+    }
+
+    /// The tunables in force.
+    pub fn config(&self) -> Config {
+        self.cfg
+    }
+
+    /// The channel underneath. Everything is polled through the world: a poll of the
+    /// channel itself would take packets that belong to the world or to the protocols
+    /// registered on it.
+    pub fn channel(&self) -> &C {
+        &self.core.ch
+    }
+
+    /// The channel, for tests that play a broken or hostile peer.
+    #[cfg(test)]
+    pub(crate) fn channel_mut(&mut self) -> &mut C {
+        &mut self.core.ch
+    }
+
+    /// The progress core, to look at: the protocols and what was dropped.
+    pub fn core(&self) -> &Core<C> {
+        &self.core
+    }
+
+    // ---------------------------------------------------------------------------------
+    // Other protocols on the same channel
+
+    /// Registers protocol `p` under `id`, beside two-sided messaging: from now on it is
+    /// handed every packet of `id`, in place, whichever call of this world is polling.
+    ///
+    /// # Errors
+    /// [`RegistryError::Reserved`] for [`ProtocolId::P2P`], which is the world's own, and
+    /// [`RegistryError::Taken`] when `id` has a protocol already.
+    pub fn register<P: Protocol>(&mut self, id: ProtocolId, p: P) -> Result<(), RegistryError> {
+        if id == ProtocolId::P2P {
+            return Err(RegistryError::Reserved(id));
+        }
+        self.core.register(id, p)
+    }
+
+    /// Takes the protocol under `id` out; its packets are dropped (and counted) again.
+    pub fn unregister(&mut self, id: ProtocolId) -> Option<Box<dyn Protocol>> {
+        self.core.unregister(id)
+    }
+
+    /// The protocol under `id`, if it is a `P`.
+    pub fn protocol<P: Protocol>(&self, id: ProtocolId) -> Option<&P> {
+        self.core.protocol(id)
+    }
+
+    /// The protocol under `id`, if it is a `P`, to reach its state between packets.
+    pub fn protocol_mut<P: Protocol>(&mut self, id: ProtocolId) -> Option<&mut P> {
+        self.core.protocol_mut(id)
+    }
+
+    /// Sends a packet of protocol `id` to `dest` (a world rank): `header.kind` is the
+    /// protocol's own kind (0 to 0xff). Never blocks and never drops.
+    ///
+    /// # Errors
+    /// [`RegistryError::Reserved`] for [`ProtocolId::P2P`], a kind above 0xff, a bad
+    /// rank, or a packet over [`Channel::max_payload_to`].
+    pub fn send_packet(
+        &mut self,
+        id: ProtocolId,
+        dest: Rank,
+        header: Header,
+        payload: &[u8],
+    ) -> Result<SendStatus, P2pError> {
+        if id == ProtocolId::P2P {
+            return Err(crate::ChannelError::from(RegistryError::Reserved(id)).into());
+        }
+        Ok(self.core.send(id, dest, header, &[payload])?)
+    }
+
+    /// Polls the channel once and moves every protocol on: two-sided matching and
+    /// transfers, and the registered protocols' packets. Returns how many packets came.
+    ///
+    /// # Errors
+    /// The channel's, and a peer's protocol violation.
+    pub fn progress(&mut self) -> Result<usize, P2pError> {
+        self.release_dropped();
+        let (ch, mut others) = self.core.split();
+        let eng = &mut self.eng;
+        let n = ch.poll(|p| dispatch(eng, &mut others, p))?;
+        self.settle()?;
+        Ok(n)
+    }
+
+    /// Moves every protocol on until `done` says so or `timeout` passes (`None`: no
+    /// limit), waiting the channel's way in between; returns whether `done` said so.
+    /// `done` sees the world, so it can look at a protocol's state.
+    ///
+    /// # Errors
+    /// As for [`World::progress`].
+    pub fn progress_until(
+        &mut self,
+        timeout: Option<Duration>,
+        mut done: impl FnMut(&mut Self) -> bool,
+    ) -> Result<bool, P2pError> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut idle = Idle::new();
+        loop {
+            if done(self) {
+                return Ok(true);
+            }
+            self.progress()?;
+            if done(self) {
+                return Ok(true);
+            }
+            if idle.tight() {
+                continue;
+            }
+            let left = match deadline {
+                None => None,
+                Some(d) => match d.checked_duration_since(Instant::now()) {
+                    Some(l) if !l.is_zero() => Some(l),
+                    _ => return Ok(done(self)),
+                },
+            };
+            let busy = self.eng.busy();
+            self.core
+                .idle_wait(&mut idle, busy, left, &|| "World::progress_until".into())?;
+        }
+    }
+
+    /// What follows every poll: the protocols' outboxes go out, large messages move, and
+    /// a protocol fault is reported.
+    #[inline(always)]
+    fn settle(&mut self) -> Result<(), P2pError> {
+        if self.eng.chores { self.chores() } else { Ok(()) }
+    }
+
+    #[inline(never)]
+    fn chores(&mut self) -> Result<(), P2pError> {
+        let r = self.core.flush_outbox();
+        self.eng.settle(&mut self.core.ch)?;
+        Ok(r?)
+    }
+
+    // ---------------------------------------------------------------------------------
+    // Checks
+
+    pub(crate) fn check_comm<'a>(&self, comm: &'a Comm) -> Result<&'a Arc<CommInner>, P2pError> {
+        if comm.inner.world != self.id {
+            return Err(P2pError::WrongWorld("communicator"));
+        }
+        Ok(&comm.inner)
+    }
+
+    pub(crate) fn check_tag(tag: i32) -> Result<(), P2pError> {
+        if tag < 0 {
+            Err(P2pError::InvalidTag(tag))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn src_sel(comm: &CommInner, src: Option<u32>) -> Result<Option<u32>, P2pError> {
+        src.map(|s| comm.world_of(s)).transpose()
+    }
+
+    /// The first of the peers a call waits on (`src`, a world rank, or every member of
+    /// `c`) known to have failed.
+    pub(crate) fn peer_failed(&mut self, c: &CommInner, src: Option<u32>) -> Option<P2pError> {
+        let me = self.rank();
+        let one = [src.unwrap_or(0)];
+        let peers: &[u32] = if src.is_some() { &one } else { &c.ranks };
+        for &p in peers {
+            if p == me {
+                continue;
+            }
+            if let Err(crate::ChannelError::PeerFailed { reason, .. }) = self.core.ch.check_peer(p) {
+                return Some(P2pError::PeerFailed {
+                    rank: c.rank_of(p).unwrap_or(p),
+                    reason,
+                });
+            }
+        }
+        None
+    }
+
+    /// Fails request `id` if the peer it depends on is known to be gone.
+    pub(crate) fn check_failed(&mut self, id: u32) {
+        let Some(req) = self.eng.reqs.get(id) else { return };
+        let comm = engine::comm_of(req).clone();
+        let one;
+        let peers: &[u32] = match req {
+            Req::Recv(rr) => match (&rr.state, rr.src) {
+                (super::requests::RState::Rndv { peer, .. }, _) => {
+                    one = [*peer];
+                    &one
+                }
+                (_, Some(s)) => {
+                    one = [s];
+                    &one
+                }
+                (_, None) => &comm.ranks,
+            },
+            Req::Send(s) => {
+                one = [s.dest];
+                &one
+            }
+        };
+        let me = self.rank();
+        for &p in peers {
+            if p == me {
+                continue;
+            }
+            if let Err(e) = self.core.ch.check_peer(p) {
+                let reason = match e {
+                    crate::ChannelError::PeerFailed { reason, .. } => reason,
+                    other => other.to_string(),
+                };
+                let rank = comm.rank_of(p).unwrap_or(p);
+                let x = self.eng.fail(id, P2pError::PeerFailed { rank, reason });
+                if let Some(lmt) = self.core.ch.lmt() {
+                    if let Some(x) = x {
+                        lmt.end(&x);
+                    }
+                    lmt.peer_terminated(p);
+                }
+                return;
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------------------------
+    // Waiting
+
+    /// One idle round of a blocked call: nothing for the first polls, then a wait on the
+    /// channel, and now and then a check of the peers (`check`).
+    #[inline(never)]
+    fn idle(
+        &mut self,
+        idle: &mut Idle,
+        what: &dyn Fn() -> String,
+        check: &mut dyn FnMut(&mut Self) -> Result<(), P2pError>,
+    ) -> Result<(), P2pError> {
+        if idle.tight() {
+            return Ok(());
+        }
+        let busy = self.eng.busy();
+        if self.core.idle_wait(idle, busy, None, what)? == Tick::CheckPeers {
+            check(self)?;
+        }
+        Ok(())
+    }
+
+    /// Drives progress until every request in `ids` is complete (or failed). Each
+    /// request is looked at until it is complete and then never again, so the wait costs
+    /// time linear in the number of requests.
+    pub(crate) fn wait_all_ids(&mut self, ids: &[u32]) -> Result<(), P2pError> {
+        let mut idle = Idle::new();
+        let mut next = 0;
+        loop {
+            while next < ids.len() && self.eng.reqs.finished(ids[next]) {
+                next += 1;
+            }
+            if next == ids.len() {
+                return Ok(());
+            }
+            self.progress()?;
+            while next < ids.len() && self.eng.reqs.finished(ids[next]) {
+                next += 1;
+            }
+            if next == ids.len() {
+                return Ok(());
+            }
+            let rest = &ids[next..];
+            self.idle(&mut idle, &|| describe_wait(rest.len()), &mut |w| {
+                for &id in rest {
+                    w.check_failed(id);
+                }
+                Ok(())
+            })?;
+        }
+    }
+
+    /// Waits for request `id`, whose buffer is lent only for the call, and finishes it;
+    /// on failure the request is released, so the buffer is never touched again.
+    pub(crate) fn block_on(&mut self, id: u32) -> Result<Status, P2pError> {
+        let r = self.wait_all_ids(&[id]);
+        if r.is_err() || !self.eng.reqs.get(id).is_some_and(Req::is_done) {
+            self.release(id);
+            r?;
+        }
+        self.eng.finish(id)
+    }
+
+    /// Lets request `id` go (see [`Engine::release`]). A request whose pages the peer
+    /// reads or writes in place is first made safe: a send that offered them asks the
+    /// receiver to revoke the offer, and either waits for the answer, or for the
+    /// transfer to end, whichever comes first; a receive being written waits for the
+    /// writer. A dead peer ends the wait.
+    pub(crate) fn release(&mut self, id: u32) {
+        if self.eng.holds_in_place(id) {
+            if let Some(Req::Send(s)) = self.eng.reqs.get(id)
+                && matches!(s.state, SState::WaitCts)
+            {
+                let dest = s.dest;
+                if let Err(e) = self.core.ch.send_bytes(dest, wire::ctrl(REVOKE, id), &[]) {
+                    self.eng.defer(e.into());
+                }
+            }
+            let mut last_check = Instant::now();
+            while self.eng.holds_in_place(id) {
+                if let Err(e) = self.progress() {
+                    self.eng.defer(e);
+                }
+                if last_check.elapsed() >= self.cfg.failure_check {
+                    last_check = Instant::now();
+                    self.check_failed(id);
+                }
+                std::thread::yield_now();
+            }
+        }
+        self.eng.release(id);
+    }
+
+    // ---------------------------------------------------------------------------------
+    // Starting requests
+
+    /// Starts a send of the `len` bytes in `bufs` to member `dest` of `comm`: eager sends
+    /// are complete on return (`None`); large ones return the request to wait for,
+    /// whose buffer must stay lent until it completes. `owner`, for an owned request, is
+    /// told when it ends.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn start_send_bufs(
+        &mut self,
+        comm: &Arc<CommInner>,
+        dest: u32,
+        tag: i32,
+        ctx: u32,
+        bufs: Bufs,
+        len: usize,
+        owner: Option<Arc<dyn super::requests::Completion>>,
+    ) -> Result<Option<u32>, P2pError> {
+        let d = comm.world_of(dest)?;
+        if len
+            <= self
+                .eager_to
+                .get(d as usize)
+                .copied()
+                .unwrap_or(self.cfg.eager_limit)
+        {
+            let h = Header {
+                kind: EAGER,
+                context: ctx,
+                tag,
+                aux: 0,
+                flags: 0,
+            };
+            match &bufs {
+                Bufs::One(s) if !s.ptr.is_null() => {
+                    // SAFETY: the caller lends the buffer for this call.
+                    let data = unsafe { std::slice::from_raw_parts(s.ptr.cast_const(), s.len) };
+                    self.core.ch.send_bytes(d, h, data)?
+                }
+                b => self.core.ch.send(d, h, &b.slices(0, len))?,
+            };
+            return Ok(None);
+        }
+        let mut rts = wire::rts_head(len);
+        let mut offered = match self.core.ch.lmt() {
+            Some(l) => l.offer(d, bufs.segs(), len, &mut rts),
+            None => Strategies::CHUNKS,
+        };
+        if rts.len() > self.core.ch.max_payload() {
+            // Too many pieces to describe in one packet: no reading in place.
+            offered = offered.without(Strategy::Cma);
+            rts.truncate(wire::RTS_HEAD);
+        }
+        rts[8] = offered.0;
+        let id = self.eng.reqs.insert(Req::Send(SendReq {
+            bufs,
+            len,
+            dest: d,
+            comm: comm.clone(),
+            state: SState::WaitCts,
+            offered,
+            used: None,
+            owned: None,
+            result: Some(Ok(Status {
+                source: dest,
+                tag,
+                len,
+            })),
+            detached: false,
+            owner,
+        }))?;
+        let h = Header {
+            kind: RTS,
+            context: ctx,
+            tag,
+            aux: id,
+            flags: 0,
+        };
+        if let Err(e) = self.core.ch.send_bytes(d, h, &rts) {
+            if let Some(Req::Send(s)) = self.eng.reqs.remove(id) {
+                // The buffer goes back with the error, not with a completion.
+                drop(s.owner);
+            }
+            return Err(e.into());
+        }
+        Ok(Some(id))
+    }
+
+    /// Starts a send of `buf`, lent for the request's life.
+    pub(crate) fn start_send(
+        &mut self,
+        comm: &Arc<CommInner>,
+        dest: u32,
+        tag: i32,
+        ctx: u32,
+        buf: &[u8],
+    ) -> Result<Option<u32>, P2pError> {
+        self.start_send_bufs(comm, dest, tag, ctx, Bufs::One(Seg::of(buf)), buf.len(), None)
+    }
+
+    /// Starts a receive into `bufs` (lent to the engine until the request completes or is
+    /// released). Returns the request, which may already be complete.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn start_recv(
+        &mut self,
+        comm: &Arc<CommInner>,
+        src: Option<u32>,
+        tag: Option<i32>,
+        ctx: u32,
+        bufs: Bufs,
+        cap: usize,
+        owner: Option<Arc<dyn super::requests::Completion>>,
+    ) -> Result<u32, P2pError> {
+        let src = Self::src_sel(comm, src)?;
+        let mut rr = RecvReq::new(bufs, cap, comm.clone(), src);
+        rr.owner = owner;
+        let id = self.eng.start_recv(rr, ctx, tag)?;
+        self.settle()?;
+        Ok(id)
+    }
+
+    // ---------------------------------------------------------------------------------
+    // Blocking point to point
+
+    /// Sends `buf` to rank `dest` of `comm` with `tag`, returning when the buffer may be
+    /// reused.
+    ///
+    /// # Errors
+    /// A bad rank or tag, a communicator of another world, a peer that failed during a
+    /// large transfer, or the channel's error.
+    #[inline]
+    pub fn send(&mut self, comm: &Comm, dest: u32, tag: i32, buf: &[u8]) -> Result<(), P2pError> {
+        let c = self.check_comm(comm)?;
+        Self::check_tag(tag)?;
+        self.send_in(c, c.ctx, dest, tag, buf)
+    }
+
+    #[inline]
+    pub(crate) fn send_in(
+        &mut self,
+        c: &Arc<CommInner>,
+        ctx: u32,
+        dest: u32,
+        tag: i32,
+        buf: &[u8],
+    ) -> Result<(), P2pError> {
+        if buf.len() <= self.cfg.eager_limit
+            && let Some(&d) = c.ranks.get(dest as usize)
+        {
+            return match self.core.ch.send_bytes(
+                d,
+                Header {
+                    kind: EAGER,
+                    context: ctx,
+                    tag,
+                    aux: 0,
+                    flags: 0,
+                },
+                buf,
+            ) {
+                Ok(_) => Ok(()),
+                Err(e) => Err(e.into()),
+            };
+        }
+        self.send_large(c, ctx, dest, tag, buf)
+    }
+
+    /// A blocking send that is not a simple eager one: a rendezvous, or a bad rank.
+    #[inline(never)]
+    fn send_large(
+        &mut self,
+        c: &Arc<CommInner>,
+        ctx: u32,
+        dest: u32,
+        tag: i32,
+        buf: &[u8],
+    ) -> Result<(), P2pError> {
+        match self.start_send(c, dest, tag, ctx, buf)? {
+            None => Ok(()),
+            Some(id) => self.block_on(id).map(|_| ()),
+        }
+    }
+
+    /// Receives a message from `src` (or [`super::ANY_SOURCE`]) with `tag` (or
+    /// [`super::ANY_TAG`]) into `buf`.
+    ///
+    /// # Errors
+    /// [`P2pError::Truncated`] when the message is longer than `buf` (which holds its
+    /// beginning), a bad rank or tag, a source that failed, or the channel's error.
+    #[inline]
+    pub fn recv(
+        &mut self,
+        comm: &Comm,
+        src: impl Into<Option<u32>>,
+        tag: impl Into<Option<i32>>,
+        buf: &mut [u8],
+    ) -> Result<Status, P2pError> {
+        let c = self.check_comm(comm)?;
+        let tag = tag.into();
+        if let Some(t) = tag {
+            Self::check_tag(t)?;
+        }
+        self.recv_in(c, c.ctx, src.into(), tag, buf)
+    }
+
+    #[inline]
+    pub(crate) fn recv_in(
+        &mut self,
+        c: &Arc<CommInner>,
+        ctx: u32,
+        src: Option<u32>,
+        tag: Option<i32>,
+        buf: &mut [u8],
+    ) -> Result<Status, P2pError> {
+        let src_w = match src {
+            None => None,
+            Some(s) => Some(c.world_of(s)?),
+        };
+        if self.eng.matching.bypass(ctx, src_w, tag) {
+            // The message is most likely the next one from a named source, waiting in
+            // its fastbox: try for just that first.
+            if let Some(s) = src_w {
+                let mut f = Fresh {
+                    ctx,
+                    src: s,
+                    tag: tag.unwrap_or(FRESH_ANY_TAG),
+                    buf: &mut *buf,
+                    found: None,
+                };
+                let (ch, mut others) = self.core.split();
+                let eng = &mut self.eng;
+                if ch.poll_from(s, |p| f.offer(eng, &mut others, p)) {
+                    if let Some(Found::Eager { src, tag, len }) = f.found
+                        && !eng.chores
+                    {
+                        if len > buf.len() {
+                            return Err(P2pError::Truncated {
+                                message_len: len,
+                                buffer_len: buf.len(),
+                            });
+                        }
+                        return Ok(Status {
+                            source: c.member(src),
+                            tag,
+                            len,
+                        });
+                    }
+                    let found = f.found;
+                    return self.recv_fresh(c, ctx, src_w, tag, buf, found);
+                }
+            }
+            return self.recv_fresh(c, ctx, src_w, tag, buf, None);
+        }
+        self.recv_posted(c, ctx, src, tag, buf)
+    }
+
+    /// A blocking receive that goes through the posted queue.
+    #[inline(never)]
+    fn recv_posted(
+        &mut self,
+        c: &Arc<CommInner>,
+        ctx: u32,
+        src: Option<u32>,
+        tag: Option<i32>,
+        buf: &mut [u8],
+    ) -> Result<Status, P2pError> {
+        let id = self.start_recv(c, src, tag, ctx, Bufs::One(Seg::of_mut(buf)), buf.len(), None)?;
+        self.block_on(id)
+    }
+
+    /// A blocking receive with nothing posted and nothing matching waiting: fresh packets
+    /// are matched against it as they are polled, without a posted entry (the receive
+    /// queue bypass). `src` is a world rank. `found` is what a first look found already.
+    #[inline(never)]
+    fn recv_fresh(
+        &mut self,
+        c: &Arc<CommInner>,
+        ctx: u32,
+        src: Option<u32>,
+        tag: Option<i32>,
+        buf: &mut [u8],
+        found: Option<Found>,
+    ) -> Result<Status, P2pError> {
+        let (seg, cap) = (Seg::of_mut(buf), buf.len());
+        let mut idle = Idle::new();
+        let mut f = Fresh {
+            ctx,
+            src: src.unwrap_or(FRESH_ANY_SRC),
+            tag: tag.unwrap_or(FRESH_ANY_TAG),
+            buf,
+            found,
+        };
+        let found = loop {
+            if let Some(found) = f.found.take() {
+                // What the poll left to do must not cost this receive its message: a
+                // failure is reported by the next call instead.
+                if let Err(e) = self.settle() {
+                    self.eng.defer(e);
+                }
+                break found;
+            }
+            self.release_dropped();
+            let (ch, mut others) = self.core.split();
+            let eng = &mut self.eng;
+            let polled = ch.poll(|p| f.offer(eng, &mut others, p));
+            if f.found.is_some() {
+                continue;
+            }
+            polled?;
+            self.settle()?;
+            let what = || describe_recv(c, src, tag);
+            self.idle(&mut idle, &what, &mut |w| match w.peer_failed(c, src) {
+                Some(e) => Err(e),
+                None => Ok(()),
+            })?;
+        };
+        match found {
+            Found::Eager { src, tag, len } => {
+                if len > cap {
+                    return Err(P2pError::Truncated {
+                        message_len: len,
+                        buffer_len: cap,
+                    });
+                }
+                Ok(Status {
+                    source: c.member(src),
+                    tag,
+                    len,
+                })
+            }
+            Found::Rts { src: peer, tag, rts } => {
+                let rr = RecvReq::new(Bufs::One(seg), cap, c.clone(), src);
+                let id = self.eng.accept_rts(rr, peer, *rts, tag)?;
+                self.settle()?;
+                self.block_on(id)
+            }
+        }
+    }
+
+    /// Sends to `dest` and receives from `src` at once, as two ranks exchanging data
+    /// must, so neither waits for the other first.
+    ///
+    /// # Errors
+    /// As for [`World::send`] and [`World::recv`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn sendrecv(
+        &mut self,
+        comm: &Comm,
+        dest: u32,
+        send_tag: i32,
+        send: &[u8],
+        src: impl Into<Option<u32>>,
+        recv_tag: impl Into<Option<i32>>,
+        recv: &mut [u8],
+    ) -> Result<Status, P2pError> {
+        let c = self.check_comm(comm)?;
+        Self::check_tag(send_tag)?;
+        let recv_tag = recv_tag.into();
+        if let Some(t) = recv_tag {
+            Self::check_tag(t)?;
+        }
+        self.sendrecv_in(c, c.ctx, dest, send_tag, send, src.into(), recv_tag, recv)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn sendrecv_in(
+        &mut self,
+        c: &Arc<CommInner>,
+        ctx: u32,
+        dest: u32,
+        send_tag: i32,
+        send: &[u8],
+        src: Option<u32>,
+        recv_tag: Option<i32>,
+        recv: &mut [u8],
+    ) -> Result<Status, P2pError> {
+        let rid = self.start_recv(
+            c,
+            src,
+            recv_tag,
+            ctx,
+            Bufs::One(Seg::of_mut(recv)),
+            recv.len(),
+            None,
+        )?;
+        let sid = match self.start_send(c, dest, send_tag, ctx, send) {
+            Ok(s) => s,
+            Err(e) => {
+                self.release(rid);
+                return Err(e);
+            }
+        };
+        let ids: Vec<u32> = std::iter::once(rid).chain(sid).collect();
+        let r = self.wait_all_ids(&ids);
+        for &id in &ids {
+            if r.is_err() || !self.eng.reqs.get(id).is_some_and(Req::is_done) {
+                self.release(id);
+            }
+        }
+        r?;
+        if let Some(sid) = sid {
+            self.eng.finish(sid)?;
+        }
+        self.eng.finish(rid)
+    }
+
+    /// Sends the concatenation of `bufs` to rank `dest` of `comm` with `tag`, without
+    /// packing it first where the transfer allows (CMA reads the pieces in place).
+    ///
+    /// # Errors
+    /// As for [`World::send`].
+    pub fn send_iov(&mut self, comm: &Comm, dest: u32, tag: i32, bufs: &[&[u8]]) -> Result<(), P2pError> {
+        let c = self.check_comm(comm)?.clone();
+        Self::check_tag(tag)?;
+        let segs: Box<[Seg]> = bufs.iter().map(|b| Seg::of(b)).collect();
+        let len = segs.iter().map(|s| s.len).sum();
+        match self.start_send_bufs(&c, dest, tag, c.ctx, Bufs::Many(segs), len, None)? {
+            None => Ok(()),
+            Some(id) => self.block_on(id).map(|_| ()),
+        }
+    }
+
+    /// Receives a message from `src` with `tag` into the slices of `bufs` in turn,
+    /// without an intermediate buffer where the transfer allows.
+    ///
+    /// # Errors
+    /// As for [`World::recv`].
+    pub fn recv_iov(
+        &mut self,
+        comm: &Comm,
+        src: impl Into<Option<u32>>,
+        tag: impl Into<Option<i32>>,
+        bufs: &mut [&mut [u8]],
+    ) -> Result<Status, P2pError> {
+        let c = self.check_comm(comm)?.clone();
+        let tag = tag.into();
+        if let Some(t) = tag {
+            Self::check_tag(t)?;
+        }
+        let segs: Box<[Seg]> = bufs.iter_mut().map(|b| Seg::of_mut(b)).collect();
+        let len = segs.iter().map(|s| s.len).sum();
+        let id = self.start_recv(&c, src.into(), tag, c.ctx, Bufs::Many(segs), len, None)?;
+        self.block_on(id)
+    }
+
+    /// Reports the next matching message without receiving it, if one has arrived.
+    ///
+    /// # Errors
+    /// A bad rank, or the channel's error.
+    pub fn iprobe(
+        &mut self,
+        comm: &Comm,
+        src: impl Into<Option<u32>>,
+        tag: impl Into<Option<i32>>,
+    ) -> Result<Option<Status>, P2pError> {
+        let c = self.check_comm(comm)?.clone();
+        let src = Self::src_sel(&c, src.into())?;
+        let tag = tag.into();
+        self.progress()?;
+        Ok(self
+            .eng
+            .matching
+            .peek_unexpected(c.ctx, src, tag)
+            .map(|u| Status {
+                source: c.rank_of(u.src).unwrap_or(u.src),
+                tag: u.tag,
+                len: u.len(),
+            }))
+    }
+
+    /// Waits until a matching message has arrived and reports it without receiving it.
+    ///
+    /// # Errors
+    /// A bad rank, a source that failed, or the channel's error.
+    pub fn probe(
+        &mut self,
+        comm: &Comm,
+        src: impl Into<Option<u32>>,
+        tag: impl Into<Option<i32>>,
+    ) -> Result<Status, P2pError> {
+        let (src, tag) = (src.into(), tag.into());
+        let c = self.check_comm(comm)?.clone();
+        let src_w = Self::src_sel(&c, src)?;
+        let mut idle = Idle::new();
+        loop {
+            if let Some(s) = self.iprobe(comm, src, tag)? {
+                return Ok(s);
+            }
+            let what = || format!("probe: {}", describe_recv(&c, src_w, tag));
+            self.idle(&mut idle, &what, &mut |w| match w.peer_failed(&c, src_w) {
+                Some(e) => Err(e),
+                None => Ok(()),
+            })?;
+        }
+    }
+
+    /// Drives progress until every send this world still owes (including those of
+    /// released requests) has completed and the channel has nothing queued.
+    ///
+    /// # Errors
+    /// [`crate::ChannelError::FlushTimeout`] when `timeout` passes first, or the
+    /// channel's error.
+    pub fn flush(&mut self, timeout: Duration) -> Result<(), P2pError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if !self.eng.owes() && self.core.ch.pending() == 0 {
+                return Ok(());
+            }
+            self.progress()?;
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(P2pError::Channel(crate::ChannelError::FlushTimeout {
+                    pending: self.core.ch.pending(),
+                    waited: timeout,
+                }));
+            }
+            self.core
+                .ch
+                .wait(Some((deadline - now).min(self.cfg.failure_check)))?;
+        }
+    }
+}
+
+impl<C: Channel> NodeWaiter for World<C> {
+    fn progress(&mut self) -> Result<(), P2pError> {
+        World::progress(self).map(|_| ())
+    }
+    fn spins_and_yields(&self) -> (u32, u32) {
+        (self.node_wait.spin, self.node_wait.yields)
+    }
+    fn failure_check(&self) -> Duration {
+        self.cfg.failure_check
+    }
+    fn peer_failed(&mut self, c: &CommInner) -> Option<P2pError> {
+        World::peer_failed(self, c, None)
+    }
+}
+
+impl<C: Channel> Drop for World<C> {
+    fn drop(&mut self) {
+        // What this process sent must still arrive; give it a little time.
+        let _ = self.flush(Duration::from_secs(5));
+        self.orphan_owned();
+    }
+}
+
+/// What a blocked receive waits for, for `NEMESIS_WAIT_WARN`.
+fn describe_recv(c: &CommInner, src: Option<u32>, tag: Option<i32>) -> String {
+    let from = match src {
+        Some(s) => format!("rank {}", c.rank_of(s).unwrap_or(s)),
+        None => "any rank".into(),
+    };
+    let tag = match tag {
+        Some(t) => format!("tag {t}"),
+        None => "any tag".into(),
+    };
+    format!("recv from {from} with {tag} on communicator {}", c.ctx / 2)
+}
+
+fn describe_wait(n: usize) -> String {
+    format!("a wait for {n} request(s)")
+}
+
+/// What a [`Fresh`] receive found: the sender's world rank, the tag and the length.
+#[derive(Debug)]
+enum Found {
+    /// An eager message, copied into the buffer.
+    Eager { src: u32, tag: i32, len: usize },
+    /// An RTS (boxed, so the eager case stays small).
+    Rts { src: u32, tag: i32, rts: Box<Rts> },
+}
+
+/// Matches any source in a [`Fresh`] receive; world ranks are below it.
+const FRESH_ANY_SRC: u32 = u32::MAX;
+/// Matches any tag in a [`Fresh`] receive; tags are not negative.
+const FRESH_ANY_TAG: i32 = -1;
+
+/// A blocking `recv` with nothing else posted, offered each fresh packet first.
+struct Fresh<'b> {
+    ctx: u32,
+    src: u32,
+    tag: i32,
+    buf: &'b mut [u8],
+    found: Option<Found>,
+}
+
+impl Fresh<'_> {
+    /// Takes `p` if it is the first that matches; hands anything else on.
+    #[inline(always)]
+    fn offer(&mut self, eng: &mut Engine, others: &mut Others<'_>, p: Packet<'_>) {
+        let h = p.header;
+        if self.found.is_none()
+            && (h.kind == EAGER || h.kind == RTS)
+            && h.context == self.ctx
+            && (self.src == FRESH_ANY_SRC || self.src == p.src)
+            && (self.tag == FRESH_ANY_TAG || self.tag == h.tag)
+        {
+            if h.kind == EAGER {
+                let n = p.payload.len().min(self.buf.len());
+                nemesis_shm::region::copy_into(&mut self.buf[..n], &p.payload[..n]);
+                self.found = Some(Found::Eager {
+                    src: p.src,
+                    tag: h.tag,
+                    len: p.payload.len(),
+                });
+            } else if let Some(rts) = eng.parse_rts(p.src, h.aux, p.payload) {
+                self.found = Some(Found::Rts {
+                    src: p.src,
+                    tag: h.tag,
+                    rts: Box::new(rts),
+                });
+            }
+            return;
+        }
+        dispatch(eng, others, p)
+    }
+}
