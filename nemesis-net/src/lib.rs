@@ -28,13 +28,26 @@ pub mod config;
 mod drops;
 pub mod reliable;
 pub mod sim;
+pub mod sys;
 pub mod tcp;
 pub mod udp;
 
 pub use drops::{DropReason, Drops};
 pub use nemesis_lmt::rdma::Rdma;
 
-use std::time::Duration;
+use std::os::fd::BorrowedFd;
+use std::time::{Duration, Instant};
+
+/// Whether a poll may find something, as a waiter that sleeps on more than one netmod
+/// asks (the channel's wait, or an event loop).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitHint {
+    /// A poll may find something now.
+    Now,
+    /// Nothing until the netmod's wait descriptor is ready, or the instant (its next
+    /// timer) passes.
+    Later(Option<Instant>),
+}
 
 /// The 16-byte header of the layer above, carried without being looked at.
 pub type Envelope = [u64; 2];
@@ -236,6 +249,26 @@ pub trait Netmod: Send + std::fmt::Debug {
     /// # Errors
     /// As for [`Netmod::poll`].
     fn wait(&mut self, timeout: Duration) -> Result<bool, NetError>;
+
+    /// A descriptor that is readable while a poll may find something (input, room for
+    /// queued output), for a waiter that sleeps on more than this netmod. `None`: the
+    /// netmod has none, and such a waiter must look at it now and then.
+    fn wait_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+
+    /// Whether a poll may find something now and, if not, when the netmod's next timer
+    /// falls due: what a waiter that sleeps on [`Netmod::wait_fd`] needs besides it.
+    ///
+    /// # Errors
+    /// As for [`Netmod::poll`].
+    fn wait_hint(&mut self) -> Result<WaitHint, NetError> {
+        Ok(if self.wait(Duration::ZERO)? {
+            WaitHint::Now
+        } else {
+            WaitHint::Later(None)
+        })
+    }
 
     /// Packets accepted but not yet known to have left for good: queued for the socket,
     /// or (udp) sent and not yet acknowledged.

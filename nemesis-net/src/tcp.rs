@@ -22,6 +22,7 @@
 //! can decide that alone, so both keep the same one. Packets wait in a queue per peer,
 //! not per connection, so they leave in order over whichever connection wins.
 
+use crate::sys::{Epoll, cvt, millis};
 use crate::{Accept, Cards, DropReason, Drops, Envelope, Identity, NetError, NetStats, Netmod, addr, config};
 use std::cell::Cell;
 use std::cmp::Reverse;
@@ -402,52 +403,6 @@ fn after(now: Instant, d: Duration) -> Instant {
 /// Whether an I/O error only says "not now".
 fn not_now(e: &io::Error) -> bool {
     matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted)
-}
-
-/// `rc`, or the error it stands for.
-fn cvt(rc: libc::c_int) -> io::Result<libc::c_int> {
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(rc)
-    }
-}
-
-/// An epoll instance, closed on drop.
-#[derive(Debug)]
-struct Epoll(OwnedFd);
-
-impl Epoll {
-    fn new() -> io::Result<Self> {
-        // SAFETY: a plain system call with no pointers.
-        let fd = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
-        // SAFETY: `fd` was just made and nothing else owns it.
-        Ok(Self(unsafe { OwnedFd::from_raw_fd(fd) }))
-    }
-
-    fn ctl(&self, op: libc::c_int, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
-        let mut ev = libc::epoll_event { events, u64: token };
-        // SAFETY: `ev` is a live epoll_event for the duration of the call.
-        cvt(unsafe { libc::epoll_ctl(self.0.as_raw_fd(), op, fd, &mut ev) }).map(drop)
-    }
-
-    /// Fills `buf` with ready events, waiting at most `ms` milliseconds; an interrupted
-    /// wait found nothing.
-    fn wait(&self, buf: &mut [libc::epoll_event], ms: libc::c_int) -> io::Result<usize> {
-        let max = libc::c_int::try_from(buf.len()).unwrap_or(libc::c_int::MAX);
-        // SAFETY: `buf` is valid for writes of `max` events for the duration of the call.
-        let n = unsafe { libc::epoll_wait(self.0.as_raw_fd(), buf.as_mut_ptr(), max, ms) };
-        match cvt(n) {
-            Ok(n) => Ok((n as usize).min(buf.len())),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(0),
-            Err(e) => Err(e),
-        }
-    }
-}
-
-/// Milliseconds for epoll, rounded up so that a short wait does not become a spin.
-fn millis(t: Duration) -> libc::c_int {
-    libc::c_int::try_from(t.as_micros().div_ceil(1000)).unwrap_or(libc::c_int::MAX)
 }
 
 /// Starts connecting to `addr` without waiting: the connection completes, or fails, when
@@ -1747,6 +1702,19 @@ impl Netmod for TcpNetmod {
             .map_err(|e| NetError::io("tcp: epoll_wait", e))?;
         self.found = n;
         Ok(n > 0 || next.is_some_and(|t| t <= Instant::now()))
+    }
+
+    fn wait_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        Some(self.epoll.as_fd())
+    }
+
+    fn wait_hint(&mut self) -> Result<crate::WaitHint, NetError> {
+        if self.wait(Duration::ZERO)? {
+            return Ok(crate::WaitHint::Now);
+        }
+        let next = self.timers.peek().map(|Reverse((t, _))| *t);
+        Ok(crate::WaitHint::Later(if self.closed { None } else { next }))
     }
 
     fn backlog(&self) -> usize {

@@ -18,6 +18,7 @@
 use crate::addr;
 use crate::config;
 use crate::reliable::{Datagram, Reliable, ReliableConfig};
+use crate::sys::Epoll;
 use crate::{Accept, Cards, Envelope, Identity, NetError, NetStats, Netmod};
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
@@ -234,6 +235,11 @@ pub struct UdpNetmod {
     rel: Reliable<UdpDatagram>,
     card: Vec<u8>,
     shut: bool,
+    /// Watches the socket for a waiter that sleeps on more than this netmod: for input,
+    /// and for room while sends are blocked.
+    epoll: Epoll,
+    /// Whether `epoll` watches for room too.
+    watch_out: bool,
 }
 
 impl UdpNetmod {
@@ -278,11 +284,17 @@ impl UdpNetmod {
             let card = cards.card(rank)?;
             addr::decode_card("udp", rank, &card)
         });
+        let epoll = Epoll::new().map_err(|e| NetError::io("udp: epoll_create", e))?;
+        epoll
+            .ctl(libc::EPOLL_CTL_ADD, dg.sock.as_raw_fd(), libc::EPOLLIN as u32, 0)
+            .map_err(|e| NetError::io("udp: epoll_ctl", e))?;
         let rel = Reliable::new(dg, id.rank, id.size, id.job_key, cfg.reliable, resolve)?;
         Ok(Self {
             rel,
             card: addr::encode_card("udp", local),
             shut: false,
+            epoll,
+            watch_out: false,
         })
     }
 
@@ -376,6 +388,31 @@ impl Netmod for UdpNetmod {
             return Err(NetError::io("udp: poll(2)", e));
         }
         Ok(rc > 0 || self.rel.ready())
+    }
+
+    fn wait_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        Some(self.epoll.as_fd())
+    }
+
+    fn wait_hint(&mut self) -> Result<crate::WaitHint, NetError> {
+        let blocked = self.rel.blocked();
+        if blocked != self.watch_out {
+            let events = libc::EPOLLIN as u32 | if blocked { libc::EPOLLOUT as u32 } else { 0 };
+            let fd = self.rel.datagram().sock.as_raw_fd();
+            self.epoll
+                .ctl(libc::EPOLL_CTL_MOD, fd, events, 0)
+                .map_err(|e| NetError::io("udp: epoll_ctl", e))?;
+            self.watch_out = blocked;
+        }
+        if self.wait(Duration::ZERO)? {
+            return Ok(crate::WaitHint::Now);
+        }
+        let next = self.rel.next_deadline().map(|d| {
+            let now = self.rel.datagram().now();
+            Instant::now() + Duration::from_nanos(d.saturating_sub(now))
+        });
+        Ok(crate::WaitHint::Later(next))
     }
 
     fn backlog(&self) -> usize {

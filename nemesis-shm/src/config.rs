@@ -125,6 +125,20 @@ pub fn segment_name(job_id: u64, node: u32) -> String {
     format!("{}{node}", job_prefix(job_id))
 }
 
+/// An identifier that no other job or segment on this machine is using: random bits
+/// from the kernel, mixed with the pid and the clock in case the kernel has none to give.
+pub fn random_id() -> u64 {
+    let mut buf = [0u8; 8];
+    // SAFETY: `buf` is valid for 8 bytes of writes.
+    let got = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), libc::GRND_NONBLOCK) };
+    let mut id = if got == 8 { u64::from_ne_bytes(buf) } else { 0 };
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    id ^= t.rotate_left(17) ^ (std::process::id() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    id.max(1)
+}
+
 /// The prefix of every segment file name of a job.
 pub fn job_prefix(job_id: u64) -> String {
     format!("nemesis-{job_id:016x}-")

@@ -28,6 +28,7 @@ pub mod ring;
 pub mod segment;
 pub mod sync;
 pub mod variant;
+pub mod wake;
 
 pub use config::Geometry;
 pub use error::ShmError;

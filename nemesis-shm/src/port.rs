@@ -10,6 +10,7 @@ use crate::queue::{Consumer, Pop, enqueue};
 use crate::region::{CellAccess, CellMeta, Envelope, FboxAccess, Region};
 use crate::sync::Ordering;
 use crate::variant::{Sound, Variant};
+use crate::wake::Wake;
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,6 +39,8 @@ const POLL_BUDGET: usize = 64;
 pub struct Port<R: Region, V: Variant = Sound> {
     region: Arc<R>,
     book: Book<R>,
+    /// How to wake a peer that watches its wake socket; `None`: no peer ever does.
+    wake: Option<Arc<dyn Wake>>,
     _variant: PhantomData<V>,
 }
 
@@ -143,8 +146,14 @@ impl<R: Region, V: Variant> Port<R, V> {
         Self {
             region,
             book,
+            wake: None,
             _variant: PhantomData,
         }
+    }
+
+    /// How to wake peers that sleep on their wake sockets ([`crate::wake`]).
+    pub fn set_wake(&mut self, wake: Arc<dyn Wake>) {
+        self.wake = Some(wake);
     }
 
     /// This process's local index.
@@ -232,6 +241,7 @@ impl<R: Region, V: Variant> Port<R, V> {
     ) -> bool {
         let b = &mut self.book;
         let region = &*self.region;
+        let wake = &self.wake;
         debug_assert!(dest < b.n && dest != b.me);
         debug_assert_eq!(len, payload.iter().map(|p| p.len()).sum::<usize>());
         // SAFETY: the caller guarantees `dest < n` and `dest != me`, so the position is
@@ -253,7 +263,9 @@ impl<R: Region, V: Variant> Port<R, V> {
             peer.fbox_sent = seq;
             peer.send_seq = seq + 1;
             // SAFETY: a key of this region.
-            unsafe { region.doorbell_of(peer.slot) }.ring();
+            if unsafe { region.doorbell_of(peer.slot) }.ring() && V::WAKE_WATCHERS {
+                wake_peer(wake, peer.index);
+            }
             return true;
         }
         false
@@ -293,7 +305,9 @@ impl<R: Region, V: Variant> Port<R, V> {
         peer.inflight += 1;
         peer.send_seq = seq + 1;
         // SAFETY: a key of this region.
-        unsafe { region.doorbell_of(peer.slot) }.ring();
+        if unsafe { region.doorbell_of(peer.slot) }.ring() && V::WAKE_WATCHERS {
+            wake_peer(&self.wake, peer.index);
+        }
         Ok(())
     }
 
@@ -371,9 +385,12 @@ impl<R: Region, V: Variant> Port<R, V> {
             let peer = &mut b.peers[pos];
             peer.recv_seq += 1;
             // SAFETY: keys of this region.
-            unsafe {
+            let watching = unsafe {
                 enqueue::<V>(region.free_queue_of(peer.slot), region, h);
-                region.doorbell_of(peer.slot).ring();
+                region.doorbell_of(peer.slot).ring()
+            };
+            if watching && V::WAKE_WATCHERS {
+                wake_peer(&self.wake, peer.index);
             }
             got += 1;
             cells += 1;
@@ -415,9 +432,39 @@ impl<R: Region, V: Variant> Port<R, V> {
         bell.withdraw();
     }
 
+    /// Announces that this process is about to sleep on its wake socket instead of its
+    /// futex, so that senders wake it there. Returns false, having withdrawn, when there
+    /// is work already; after true, sleep until the socket is readable, then
+    /// [`Port::unwatch`].
+    pub fn watch(&mut self) -> bool {
+        // SAFETY: a key of this region.
+        let bell = unsafe { self.region.doorbell_of(self.book.my) };
+        bell.watch();
+        if V::WAKE_RECHECK && self.has_work() {
+            bell.unwatch();
+            return false;
+        }
+        true
+    }
+
+    /// Withdraws a [`Port::watch`], after waking.
+    pub fn unwatch(&mut self) {
+        // SAFETY: a key of this region.
+        unsafe { self.region.doorbell_of(self.book.my) }.unwatch();
+    }
+
     /// Cells of ours that are neither in flight nor waiting in our free queue.
     pub fn free_cells(&self) -> usize {
         self.book.stash.len()
+    }
+}
+
+/// Wakes local process `index` through its wake socket: its ring found it watching.
+#[cold]
+#[inline(never)]
+fn wake_peer(wake: &Option<Arc<dyn Wake>>, index: u32) {
+    if let Some(w) = wake {
+        w.wake(index);
     }
 }
 

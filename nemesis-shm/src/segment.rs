@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 /// The first word of every segment.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"NEMESIS\x01");
 /// Bumped whenever the meaning of the layout changes without its shape changing.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 
 #[repr(C)]
 struct SegHeader {
@@ -40,6 +40,8 @@ struct SegHeader {
     cell_size: u32,
     fbox_size: u32,
     node: u32,
+    /// Names the wake sockets of the segment's processes (see `crate::wake`).
+    wake_key: u64,
 }
 
 #[repr(C)]
@@ -104,7 +106,7 @@ const _: () = {
 /// A fingerprint of every shared structure's shape. Builds that disagree refuse to share
 /// a segment rather than corrupt it.
 pub const LAYOUT_HASH: u64 = {
-    let parts: [usize; 26] = [
+    let parts: [usize; 27] = [
         LAYOUT_VERSION as usize,
         size_of::<SegHeader>(),
         offset_of!(SegHeader, nprocs),
@@ -112,6 +114,7 @@ pub const LAYOUT_HASH: u64 = {
         offset_of!(SegHeader, job_id),
         offset_of!(SegHeader, total_size),
         offset_of!(SegHeader, fbox_size),
+        offset_of!(SegHeader, wake_key),
         size_of::<Control>(),
         offset_of!(Control, barrier),
         offset_of!(Control, probe),
@@ -492,6 +495,7 @@ impl Segment {
             addr_of_mut!((*h).cell_size).write(l.geo.cell_size);
             addr_of_mut!((*h).fbox_size).write(l.geo.fbox_size);
             addr_of_mut!((*h).node).write(node);
+            addr_of_mut!((*h).wake_key).write(crate::config::random_id());
             (*h).magic.store(MAGIC, Ordering::Release);
         }
     }
@@ -591,6 +595,15 @@ impl Segment {
     /// Bytes mapped.
     pub fn size_bytes(&self) -> usize {
         self.layout.total
+    }
+
+    /// The key that names the wake sockets of the segment's processes: drawn by the
+    /// creator, the same for every process that maps it.
+    pub fn wake_key(&self) -> u64 {
+        let h: *const SegHeader = self.map.base.as_ptr().cast();
+        // SAFETY: the header is at the start of the mapping, written before the magic
+        // was published (Release), which attaching processes acquired; it never changes.
+        unsafe { addr_of!((*h).wake_key).read() }
     }
 
     /// The geometry in force (the creator's).

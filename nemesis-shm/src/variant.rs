@@ -22,6 +22,9 @@ pub trait Variant: 'static {
     const SEQ_CHECK: bool = true;
     /// Whether a sleeper looks for work again after announcing that it sleeps.
     const WAKE_RECHECK: bool = true;
+    /// Whether a sender whose ring finds the receiver watching its wake socket wakes it
+    /// there.
+    const WAKE_WATCHERS: bool = true;
     /// A member's RMW arriving at a node barrier, which orders its slot before the
     /// release.
     const COLL_ARRIVE: Ordering = Ordering::AcqRel;
@@ -106,6 +109,16 @@ pub enum NoWakeRecheck {}
 #[cfg(loom)]
 impl Variant for NoWakeRecheck {
     const WAKE_RECHECK: bool = false;
+}
+
+/// Broken: a sender wakes a futex sleeper but not a process that watches its wake
+/// socket.
+#[cfg(loom)]
+#[derive(Debug)]
+pub enum NoWatcherWake {}
+#[cfg(loom)]
+impl Variant for NoWatcherWake {
+    const WAKE_WATCHERS: bool = false;
 }
 
 /// Broken: arrivals at a node barrier are Relaxed, so the last member reads slots it

@@ -72,6 +72,10 @@ pub struct BootInfo {
     pub local_ranks: Vec<Rank>,
     /// Our position in `local_ranks`.
     pub local_index: u32,
+    /// Ranks on this machine (one kernel), ours included: more than `local_ranks` when
+    /// namespaces or containers make several nodes of one machine. They share its CPUs,
+    /// which is what decides how a waiting process waits.
+    pub machine_ranks: u32,
     /// What identifies our node: host name and network namespace.
     pub host: String,
     /// The name of our node's shared segment.
@@ -91,6 +95,7 @@ impl BootInfo {
             job_id,
             local_ranks: vec![0],
             local_index: 0,
+            machine_ranks: 1,
             host: host_identity(),
             segment: String::new(),
             startup_timeout,
@@ -157,12 +162,15 @@ impl Boot {
             });
         }
         let host = host_identity();
-        pmi.put(&host_key(rank), &wire::hex(host.as_bytes()))?;
+        let machine = machine_identity();
+        let mine = format!("{host}\n{machine}");
+        pmi.put(&host_key(rank), &wire::hex(mine.as_bytes()))?;
         pmi.barrier()?;
         let mut local_ranks = Vec::new();
+        let mut machine_ranks = 0;
         for r in 0..size {
             let other = if r == rank {
-                host.clone()
+                mine.clone()
             } else {
                 let v = pmi.get(&host_key(r))?.ok_or(BootError::Missing {
                     rank: r,
@@ -175,8 +183,12 @@ impl Boot {
                         what: "host identity (unreadable)",
                     })?
             };
-            if other == host {
+            let (their_host, their_machine) = other.split_once('\n').unwrap_or((&other, ""));
+            if their_host == host {
                 local_ranks.push(r);
+            }
+            if (!machine.is_empty() && their_machine == machine) || their_host == host {
+                machine_ranks += 1;
             }
         }
         let job_id = job_id_of(pmi.kvsname());
@@ -204,6 +216,7 @@ impl Boot {
             job_id,
             local_ranks,
             local_index,
+            machine_ranks,
             host,
             segment,
             startup_timeout: timeout,
@@ -297,6 +310,14 @@ pub fn host_identity() -> String {
     format!("{name}/{netns}")
 }
 
+/// What makes two processes share CPUs: the running kernel's boot id, the same in every
+/// namespace and container of one machine.
+pub fn machine_identity() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
 /// The short host name, for messages.
 pub fn host_name() -> String {
     host_identity()
@@ -328,16 +349,7 @@ fn startup_timeout(get: impl Fn(&str) -> Option<String>) -> Result<Duration, Boo
     }
 }
 
-/// A job identifier that no other job on this machine is using: random bits from the
-/// kernel, mixed with the pid and the clock in case the kernel has none to give.
+/// A job identifier that no other job on this machine is using.
 pub fn random_job_id() -> u64 {
-    let mut buf = [0u8; 8];
-    // SAFETY: `buf` is valid for 8 bytes of writes.
-    let got = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), libc::GRND_NONBLOCK) };
-    let mut id = if got == 8 { u64::from_ne_bytes(buf) } else { 0 };
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    id ^= t.rotate_left(17) ^ (std::process::id() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    id.max(1)
+    nemesis_shm::config::random_id()
 }

@@ -11,6 +11,7 @@ mod nemesis;
 mod pending;
 mod shm;
 mod wait;
+mod waitset;
 
 pub use crate::bootstrap::Rank;
 pub use nemesis::{NO_SHM_VAR, NemesisChannel};
@@ -18,6 +19,7 @@ pub use shm::ShmChannel;
 pub use wait::{WaitPolicy, usable_cpus};
 
 use nemesis_shm::{Envelope, Segment};
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -231,6 +233,36 @@ pub trait Channel {
     /// Fails if `peer` is known to have died or left.
     fn check_peer(&self, peer: Rank) -> Result<(), ChannelError>;
 
+    /// A descriptor that is readable when a poll may find work: shared-memory traffic,
+    /// the network module's sockets, its timers. It lets an event loop (epoll, mio,
+    /// tokio's `AsyncFd`) sleep on the channel with everything else it waits for:
+    ///
+    /// 1. call [`Channel::arm`]; if it says false, there is work: poll now;
+    /// 2. otherwise sleep until the descriptor is readable;
+    /// 3. poll (which withdraws what `arm` announced), and start again.
+    ///
+    /// It costs the senders nothing while nobody is armed. `None`: the channel has no
+    /// descriptor, and a waiter uses [`Channel::wait`].
+    fn wait_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+
+    /// Prepares a sleep on [`Channel::wait_fd`]: announces it to the local peers, and
+    /// says whether the caller may sleep (true) or must poll, because work is already
+    /// there (false).
+    ///
+    /// # Errors
+    /// The network module's failure.
+    fn arm(&mut self) -> Result<bool, ChannelError> {
+        Ok(false)
+    }
+
+    /// How a waiting process of this channel waits, when the channel knows better than
+    /// its count of local ranks (how many processes share these CPUs).
+    fn wait_policy(&self) -> Option<WaitPolicy> {
+        None
+    }
+
     /// The node's shared segment, if every rank that [`Channel::is_local`] reports maps
     /// it: collectives among local ranks meet in its blocks instead of sending messages.
     fn node_segment(&self) -> Option<Arc<Segment>> {
@@ -344,6 +376,15 @@ impl<C: Channel + ?Sized> Channel for &mut C {
     #[inline(always)]
     fn check_peer(&self, peer: Rank) -> Result<(), ChannelError> {
         (**self).check_peer(peer)
+    }
+    fn wait_fd(&self) -> Option<BorrowedFd<'_>> {
+        (**self).wait_fd()
+    }
+    fn wait_policy(&self) -> Option<WaitPolicy> {
+        (**self).wait_policy()
+    }
+    fn arm(&mut self) -> Result<bool, ChannelError> {
+        (**self).arm()
     }
     fn node_segment(&self) -> Option<Arc<Segment>> {
         (**self).node_segment()

@@ -8,10 +8,12 @@
 
 use super::pending::Pending;
 use super::wait::{WaitPolicy, usable_cpus};
+use super::waitset::WaitSet;
 use super::{Channel, ChannelError, Header, Packet, Rank, SendStatus, SendTicket, ShmChannel};
 use crate::bootstrap::{Boot, BootInfo};
-use nemesis_net::{Accept, Cards, Identity, NetError, NetStats, Netmod};
+use nemesis_net::{Accept, Cards, Identity, NetError, NetStats, Netmod, WaitHint};
 use nemesis_shm::Segment;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -29,10 +31,9 @@ const NET_POLL_EVERY: u32 = 16;
 /// every this many spins.
 const NET_SPIN_EVERY: u32 = 64;
 
-/// A waiter cannot sleep on the doorbell's futex and on sockets at once. With local
-/// peers it sleeps on the futex, at most this long at a time, and looks at the network
-/// in between: this bounds how late a sleeping process notices network traffic.
-const MIXED_SLEEP: Duration = Duration::from_millis(1);
+/// A netmod without a wait descriptor cannot be slept on: a waiter looks at it again
+/// after at most this long.
+const BLIND_SLEEP: Duration = Duration::from_millis(1);
 
 /// How long a dropped channel waits for the network to deliver what it owes, and then
 /// for its goodbyes.
@@ -51,6 +52,8 @@ struct Net {
     every: u32,
     /// The last wait saw the network ready.
     hint: bool,
+    /// Whether the netmod has a descriptor to sleep on.
+    has_fd: bool,
 }
 
 impl Net {
@@ -120,6 +123,9 @@ pub struct NemesisChannel {
     /// The line to the process manager, shared with the netmod's card lookups and
     /// finalized when the last holder lets go.
     boot: Option<Arc<Mutex<Boot>>>,
+    /// Shared memory's wake socket, the netmod's descriptor and its timer in one
+    /// descriptor; `None` if one could not be made (then waits look now and then).
+    waits: Option<WaitSet>,
 }
 
 impl NemesisChannel {
@@ -161,11 +167,7 @@ impl NemesisChannel {
         };
         let mut shm = ShmChannel::join(&view)?;
         // Waiting is tuned to the processes that really share the CPUs.
-        shm.set_wait_policy(WaitPolicy::from_lookup(
-            info.local_ranks.len() as u32,
-            usable_cpus(),
-            &get,
-        )?);
+        shm.set_wait_policy(WaitPolicy::from_lookup(info.machine_ranks, usable_cpus(), &get)?);
         let boot = Arc::new(Mutex::new(boot));
         let netmod = if view.local_ranks.len() as u32 == info.size {
             None
@@ -194,9 +196,17 @@ impl NemesisChannel {
     pub fn with_netmod(shm: ShmChannel, netmod: Option<Box<dyn Netmod>>) -> Self {
         let size = shm.size();
         let every = if shm.has_local_peers() { NET_POLL_EVERY } else { 0 };
+        let fds: Vec<BorrowedFd<'_>> = shm
+            .wait_fd()
+            .into_iter()
+            .chain(netmod.as_ref().and_then(|n| n.wait_fd()))
+            .collect();
+        let waits = WaitSet::new(&fds).ok();
+        drop(fds);
         Self {
             net: netmod.map(|netmod| Net {
                 max_payload: netmod.max_payload(),
+                has_fd: netmod.wait_fd().is_some(),
                 netmod,
                 pending: Pending::new(size as usize, true),
                 skip: 0,
@@ -206,6 +216,7 @@ impl NemesisChannel {
             shm,
             info: None,
             boot: None,
+            waits,
         }
     }
 
@@ -412,13 +423,59 @@ impl Channel for NemesisChannel {
                 _ => return Ok(()),
             },
         };
-        if mixed {
-            self.shm.sleep(slice.min(MIXED_SLEEP));
+        if net.has_fd && self.waits.is_some() {
+            // Asleep on shared memory, the sockets and the netmod's timers at once.
+            if self.arm()? {
+                let woke = match self.waits.as_mut() {
+                    Some(w) => w.sleep(slice).map_err(|e| NetError::io("epoll_wait", e))?,
+                    None => false,
+                };
+                if let Some(net) = self.net.as_mut() {
+                    net.hint |= woke;
+                }
+            }
+        } else if mixed {
+            self.shm.sleep(slice.min(BLIND_SLEEP));
             look(net)?;
         } else if net.netmod.wait(slice)? {
             net.hint = true;
         }
         Ok(())
+    }
+
+    fn wait_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.waits.as_ref().map(|w| w.as_fd())
+    }
+
+    fn arm(&mut self) -> Result<bool, ChannelError> {
+        let Some(waits) = &self.waits else {
+            return Ok(false);
+        };
+        if self.shm.wait_fd().is_some() {
+            if !self.shm.arm()? {
+                return Ok(false);
+            }
+        } else if self.shm.ready() {
+            return Ok(false);
+        }
+        let mut timer = None;
+        if let Some(net) = self.net.as_mut() {
+            match net.netmod.wait_hint()? {
+                WaitHint::Now => {
+                    net.hint = true;
+                    return Ok(false);
+                }
+                WaitHint::Later(t) => timer = t,
+            }
+            if !net.has_fd {
+                let look = Instant::now() + BLIND_SLEEP;
+                timer = Some(timer.map_or(look, |t| t.min(look)));
+            }
+        }
+        waits
+            .set_timer(timer)
+            .map_err(|e| NetError::io("timerfd_settime", e))?;
+        Ok(true)
     }
 
     fn check_peer(&self, peer: Rank) -> Result<(), ChannelError> {
@@ -434,6 +491,10 @@ impl Channel for NemesisChannel {
 
     fn lmt(&mut self) -> Option<&mut dyn nemesis_lmt::Lmt> {
         self.shm.lmt()
+    }
+
+    fn wait_policy(&self) -> Option<WaitPolicy> {
+        Some(self.shm.wait_policy())
     }
 
     /// Also waits until the network has delivered what it took: written to the socket
@@ -460,11 +521,15 @@ impl Channel for NemesisChannel {
 }
 
 impl Drop for NemesisChannel {
+    /// Delivers what is still queued, for a bounded time, and says on standard error
+    /// what could not be delivered; then says goodbye to the network.
     fn drop(&mut self) {
-        if self.net.is_none() {
-            return;
+        if let Err(e) = self.flush(DROP_FLUSH) {
+            eprintln!(
+                "nemesis: rank {} closes its channel with packets undelivered: {e}",
+                self.rank()
+            );
         }
-        let _ = self.flush(DROP_FLUSH);
         if let Some(net) = self.net.as_mut() {
             net.netmod.shutdown(DROP_SHUTDOWN);
         }

@@ -6,8 +6,10 @@ use super::{Channel, ChannelError, Header, Packet, Rank, SendStatus, SendTicket}
 use crate::bootstrap::{Boot, BootInfo};
 use nemesis_lmt::{LocalLmt, Policy};
 use nemesis_shm::config::shm_dir;
+use nemesis_shm::wake::{SocketWake, WakeSocket};
 use nemesis_shm::{Geometry, JoinSpec, PeerState, Port, Segment};
 use std::collections::VecDeque;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,6 +39,13 @@ pub struct ShmChannel {
     /// The line to the process manager, kept for lazy lookups and finalized on drop.
     boot: Option<Boot>,
     lmt: LocalLmt,
+    /// Where local peers wake us while we sleep on a descriptor; none without peers.
+    wake: Option<WakeSocket>,
+    /// We told the peers to wake us through `wake`; the next poll withdraws it.
+    armed: bool,
+    /// Whether a poll has more to do than the port's: pending sends, packets to
+    /// ourselves, an arm to withdraw. One test on the fast path instead of three.
+    extra: bool,
 }
 
 impl ShmChannel {
@@ -64,7 +73,7 @@ impl ShmChannel {
         } else {
             Segment::join(&Self::node_spec(info)?, info.local_index)?
         };
-        let policy = WaitPolicy::from_env(nlocal, usable_cpus())?;
+        let policy = WaitPolicy::from_env(info.machine_ranks.max(nlocal), usable_cpus())?;
         Self::from_segment_of_job(
             Arc::new(seg),
             info.rank,
@@ -140,7 +149,20 @@ impl ShmChannel {
         }
         local_of[rank as usize] = SELF;
         let n = local_ranks.len();
-        let port = Port::new(seg, local_index);
+        let wake_key = seg.wake_key();
+        let mut port = Port::new(seg, local_index);
+        port.set_wake(Arc::new(SocketWake::new(wake_key)));
+        let wake = if n > 1 {
+            Some(
+                WakeSocket::bind(wake_key, local_index).map_err(|e| ChannelError::Config {
+                    var: "wake socket",
+                    value: format!("local process {local_index}"),
+                    reason: format!("an abstract unix socket could not be bound: {e}"),
+                })?,
+            )
+        } else {
+            None
+        };
         let max_payload = port.max_payload();
         if port.region().peer_state(local_index) == PeerState::Absent {
             port.region().publish_pid(local_index);
@@ -168,6 +190,9 @@ impl ShmChannel {
             max_payload,
             boot: None,
             lmt,
+            wake,
+            armed: false,
+            extra: false,
         })
     }
 
@@ -207,6 +232,17 @@ impl ShmChannel {
     pub(super) fn sleep(&mut self, timeout: Duration) {
         if self.loopback.is_empty() {
             self.port.sleep(Some(timeout));
+        }
+    }
+
+    /// Withdraws what [`Channel::arm`] announced: senders stop waking our socket.
+    #[cold]
+    #[inline(never)]
+    fn disarm(&mut self) {
+        self.armed = false;
+        self.port.unwatch();
+        if let Some(w) = &self.wake {
+            w.drain();
         }
     }
 
@@ -262,6 +298,7 @@ impl ShmChannel {
         match local {
             SELF => {
                 self.loopback.push_back((header, payload.concat()));
+                self.extra = true;
                 Ok(SendStatus::Sent)
             }
             // SAFETY: any other value is another local process's index.
@@ -270,12 +307,33 @@ impl ShmChannel {
             {
                 Ok(SendStatus::Sent)
             }
-            _ => Ok(SendStatus::Queued(self.pending.push(local, env, payload))),
+            _ => {
+                self.extra = true;
+                Ok(SendStatus::Queued(self.pending.push(local, env, payload)))
+            }
         }
     }
 
-    /// Hands up the packets we sent ourselves.
+    /// What a poll does besides the port's: withdraws an arm, moves pending sends on,
+    /// and hands up the packets we sent ourselves.
     #[inline(never)]
+    fn poll_extra<F: FnMut(Packet<'_>)>(&mut self, sink: &mut F) -> usize {
+        if self.armed {
+            self.disarm();
+        }
+        if self.pending.count() > 0 {
+            self.drain_pending();
+        }
+        let n = if self.loopback.is_empty() {
+            0
+        } else {
+            self.drain_loopback(sink)
+        };
+        self.extra = self.pending.count() > 0 || !self.loopback.is_empty();
+        n
+    }
+
+    /// Hands up the packets we sent ourselves.
     fn drain_loopback<F: FnMut(Packet<'_>)>(&mut self, sink: &mut F) -> usize {
         let mut n = 0;
         while let Some((header, data)) = self.loopback.pop_front() {
@@ -341,12 +399,9 @@ impl Channel for ShmChannel {
 
     #[inline]
     fn poll<F: FnMut(Packet<'_>)>(&mut self, mut sink: F) -> Result<usize, ChannelError> {
-        if self.pending.count() > 0 {
-            self.drain_pending();
-        }
         let mut n = 0;
-        if !self.loopback.is_empty() {
-            n += self.drain_loopback(&mut sink);
+        if self.extra {
+            n += self.poll_extra(&mut sink);
         }
         let rank_of = &self.rank_of;
         n += self.port.poll(|src, env, payload| {
@@ -407,6 +462,31 @@ impl Channel for ShmChannel {
 
     fn lmt(&mut self) -> Option<&mut dyn nemesis_lmt::Lmt> {
         Some(&mut self.lmt)
+    }
+
+    fn wait_policy(&self) -> Option<WaitPolicy> {
+        Some(self.policy)
+    }
+
+    /// The wake socket of this process, where local peers wake it; `None` when there are
+    /// no local peers, and so nothing to wait for.
+    fn wait_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.wake.as_ref().map(|w| w.as_fd())
+    }
+
+    fn arm(&mut self) -> Result<bool, ChannelError> {
+        if !self.loopback.is_empty() || self.wake.is_none() {
+            return Ok(false);
+        }
+        if self.armed {
+            // Drain what an earlier wake-up left, so the descriptor tells of new work only.
+            if let Some(w) = &self.wake {
+                w.drain();
+            }
+        }
+        self.armed = self.port.watch();
+        self.extra |= self.armed;
+        Ok(self.armed)
     }
 
     fn node_segment(&self) -> Option<Arc<Segment>> {

@@ -101,7 +101,10 @@ impl<C: Channel> World<C> {
         let all_local = locality.iter().all(|l| *l != Locality::Remote);
         let node_seg = ch.node_segment().filter(|_| cfg.node_collectives);
         let local = locality.iter().filter(|l| **l != Locality::Remote).count() as u32;
-        let node_wait = WaitPolicy::from_env(local, crate::channel::usable_cpus())?;
+        let node_wait = match ch.wait_policy() {
+            Some(p) => p,
+            None => WaitPolicy::from_env(local, crate::channel::usable_cpus())?,
+        };
         let node = node_seg
             .clone()
             .filter(|_| all_local)
@@ -275,6 +278,46 @@ impl<C: Channel> World<C> {
             self.core
                 .idle_wait(&mut idle, busy, left, &|| "World::progress_until".into())?;
         }
+    }
+
+    /// A descriptor that is readable when the world may have work: shared-memory
+    /// traffic, the network module's sockets and timers. An event loop (epoll, mio,
+    /// tokio's `AsyncFd`) sleeps on it with everything else it waits for:
+    ///
+    /// ```no_run
+    /// # use std::os::fd::AsRawFd;
+    /// let mut world = nemesis::init()?;
+    /// let fd = world.wait_fd().expect("a descriptor").as_raw_fd();
+    /// loop {
+    ///     world.progress()?;
+    ///     // ... look at what the progress completed; stop when done ...
+    /// #   break;
+    ///     if world.arm()? {
+    ///         // Sleep: nothing can happen until `fd` is readable.
+    ///         let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    ///         unsafe { libc::poll(&mut p, 1, -1) };
+    ///     }
+    /// }
+    /// # Ok::<(), nemesis::P2pError>(())
+    /// ```
+    ///
+    /// While nobody arms, it costs the senders nothing.
+    pub fn wait_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.core.wait_fd()
+    }
+
+    /// Prepares a sleep on [`World::wait_fd`]: says whether the caller may sleep until
+    /// it is readable (true), or must call [`World::progress`] first because work is
+    /// already there (false). Large messages that move without packets keep it false.
+    ///
+    /// # Errors
+    /// The channel's.
+    pub fn arm(&mut self) -> Result<bool, P2pError> {
+        self.release_dropped();
+        if self.eng.busy() {
+            return Ok(false);
+        }
+        Ok(self.core.arm()?)
     }
 
     /// What follows every poll: the protocols' outboxes go out, large messages move, and

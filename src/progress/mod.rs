@@ -256,6 +256,23 @@ impl<C: Channel> Core<C> {
         }
     }
 
+    /// A descriptor that is readable when a poll may find work (see
+    /// [`Channel::wait_fd`]): sleep on it after [`Core::arm`] said so.
+    pub fn wait_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.ch.wait_fd()
+    }
+
+    /// Prepares a sleep on [`Core::wait_fd`]: false when there is work to poll first.
+    ///
+    /// # Errors
+    /// The channel's.
+    pub fn arm(&mut self) -> Result<bool, ChannelError> {
+        if !self.out.is_empty() {
+            return Ok(false);
+        }
+        self.ch.arm()
+    }
+
     /// Packets dropped because no protocol was registered for them, by protocol.
     pub fn dropped(&self) -> Vec<(ProtocolId, u64)> {
         self.table.dropped()

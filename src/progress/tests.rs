@@ -2,9 +2,9 @@
 //! what happens to packets nobody registered.
 
 use super::*;
+use crate::P2pError;
 use crate::channel::{NemesisChannel, ShmChannel};
 use crate::testkit::job;
-use crate::P2pError;
 use nemesis_shm::{Geometry, Segment};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
