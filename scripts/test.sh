@@ -33,9 +33,13 @@ cargo fmt --all -- --check
 
 step "lints"
 cargo clippy --locked --workspace --all-targets -- -D warnings
+cargo clippy --locked --workspace --all-targets --features nemesis/async -- -D warnings
 
 step "unit and multi-process tests"
 cargo test --locked --workspace
+
+step "async: futures, the progress thread, the tokio example, idle ranks that sleep"
+cargo test --locked -p nemesis --features async --test aio
 
 step "loom models (lock-free protocols of nemesis-shm, with broken variants that must fail)"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo clippy --locked -p loom-tests --all-targets -- -D warnings

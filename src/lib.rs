@@ -39,6 +39,8 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "async")]
+pub mod aio;
 pub mod bootstrap;
 pub mod channel;
 pub mod op;

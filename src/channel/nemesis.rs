@@ -263,6 +263,14 @@ impl NemesisChannel {
     ) -> Result<SendStatus, ChannelError> {
         match self.shm.send_slow(peer, header, payload) {
             Err(ChannelError::NoRoute { .. }) if self.net.is_some() => self.send_net(peer, header, payload),
+            Ok(s) if peer == self.shm.rank() && self.shm.armed() => {
+                // Nothing rings for a packet to ourselves: whoever sleeps on the wait
+                // descriptor (another task of this process) hears of it from the timer.
+                if let Some(w) = &self.waits {
+                    let _ = w.set_timer(Some(Instant::now()));
+                }
+                Ok(s)
+            }
             r => r,
         }
     }
@@ -451,11 +459,7 @@ impl Channel for NemesisChannel {
         let Some(waits) = &self.waits else {
             return Ok(false);
         };
-        if self.shm.wait_fd().is_some() {
-            if !self.shm.arm()? {
-                return Ok(false);
-            }
-        } else if self.shm.ready() {
+        if !self.shm.arm()? {
             return Ok(false);
         }
         let mut timer = None;

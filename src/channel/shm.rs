@@ -240,10 +240,16 @@ impl ShmChannel {
     #[inline(never)]
     fn disarm(&mut self) {
         self.armed = false;
-        self.port.unwatch();
         if let Some(w) = &self.wake {
+            self.port.unwatch();
             w.drain();
         }
+    }
+
+    /// Whether a sleep on the wait descriptor was announced and not yet withdrawn by a
+    /// poll: a send to ourselves must then wake the sleeper another way.
+    pub(super) fn armed(&self) -> bool {
+        self.armed
     }
 
     /// The fast path of [`Channel::send`]: into the peer's fastbox, if it is local, its
@@ -475,8 +481,15 @@ impl Channel for ShmChannel {
     }
 
     fn arm(&mut self) -> Result<bool, ChannelError> {
-        if !self.loopback.is_empty() || self.wake.is_none() {
+        if !self.loopback.is_empty() {
             return Ok(false);
+        }
+        if self.wake.is_none() {
+            // No peer can wake us; only a send to ourselves could, which whoever owns the
+            // descriptor hears of through `armed`.
+            self.armed = true;
+            self.extra = true;
+            return Ok(true);
         }
         if self.armed {
             // Drain what an earlier wake-up left, so the descriptor tells of new work only.

@@ -224,7 +224,7 @@ impl<B: OwnedBuf> std::future::Future for OwnedRequest<B> {
 
     /// Ready once the request has finished; something else must move the world on
     /// meanwhile (a task or thread calling [`World::progress`], or
-    /// [`crate::aio::Driver`]).
+    /// [`crate::aio::AsyncWorld`]).
     fn poll(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -582,6 +582,27 @@ impl<C: Channel> World<C> {
         Ok(())
     }
 
+    /// Fails every owned request still out whose peer is known to be gone: what a
+    /// progress thread does now and then, since nobody blocks on those requests.
+    pub fn check_owned_peers(&mut self) {
+        for id in self.owned_ids() {
+            self.check_failed(id);
+        }
+    }
+
+    /// The ids of the owned requests the engine holds.
+    fn owned_ids(&self) -> Vec<u32> {
+        self.eng
+            .reqs
+            .iter()
+            .filter(|(_, r)| match r {
+                super::requests::Req::Recv(rr) => rr.owner.is_some(),
+                super::requests::Req::Send(s) => s.owner.is_some(),
+            })
+            .map(|(id, _)| id)
+            .collect()
+    }
+
     /// Lets go of the owned requests whose handles were dropped unfinished.
     #[inline]
     pub(crate) fn release_dropped(&mut self) {
@@ -596,17 +617,7 @@ impl<C: Channel> World<C> {
     /// [`P2pError::WorldGone`], once no peer reads or writes its buffer in place.
     pub(crate) fn orphan_owned(&mut self) {
         self.release_dropped();
-        let owned: Vec<u32> = self
-            .eng
-            .reqs
-            .iter()
-            .filter(|(_, r)| match r {
-                super::requests::Req::Recv(rr) => rr.owner.is_some(),
-                super::requests::Req::Send(s) => s.owner.is_some(),
-            })
-            .map(|(id, _)| id)
-            .collect();
-        for id in owned {
+        for id in self.owned_ids() {
             if self.eng.holds_in_place(id) {
                 // The peer may still write or read these pages: wait as a release does.
                 let mut idle = Idle::new();

@@ -109,9 +109,17 @@ pub fn child_main(f: impl FnOnce() -> Result<(), String>) {
 
 /// An example program, built (or found up to date) by the cargo that built this test.
 pub fn example(name: &str) -> PathBuf {
+    example_with(name, &[])
+}
+
+/// As [`example`], built with the crate's `features`.
+pub fn example_with(name: &str, features: &[&str]) -> PathBuf {
     let profile_dir = profile_dir();
     let mut c = Command::new(env!("CARGO"));
     c.args(["build", "--quiet", "-p", "nemesis", "--example", name]);
+    if !features.is_empty() {
+        c.args(["--features", &features.join(",")]);
+    }
     if profile_dir.file_name().is_some_and(|p| p == "release") {
         c.arg("--release");
     }
