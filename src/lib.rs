@@ -43,6 +43,7 @@
 pub mod aio;
 pub mod bootstrap;
 pub mod channel;
+pub mod env;
 pub mod op;
 pub mod p2p;
 pub mod progress;

@@ -371,7 +371,7 @@ fn hello_and_ring_across_two_hosts_over_each_netmod() {
 fn stress(h: &Hosts, netmod: &str, rounds: u32) -> std::process::Output {
     h.run(4, &format!("{},{}", h.a, h.b))
         .env("NEMESIS_NETMOD", netmod)
-        .env("NEMESIS_TEST_CHILD", "1")
+        .env("NEM_TEST_CHILD", "1")
         .env("STRESS_SEED", "23")
         .env("STRESS_ROUNDS", rounds.to_string())
         .args(child_args("stress"))

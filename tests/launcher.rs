@@ -2,7 +2,7 @@
 //! shared segment, and the faults the launcher must survive.
 //!
 //! Each child role is an ignored test of this binary, which `nemesis-run` starts with
-//! `--exact child_… --ignored`; `NEMESIS_TEST_CHILD` tells it that it is a child.
+//! `--exact child_… --ignored`; `NEM_TEST_CHILD` tells it that it is a child.
 
 mod common;
 
@@ -489,7 +489,7 @@ fn bad_launcher_variables_are_reported() {
         let mut c = Command::new(&child_args("init_only")[0]);
         c.args(&child_args("init_only")[1..]);
         let o = c
-            .env("NEMESIS_TEST_CHILD", "1")
+            .env("NEM_TEST_CHILD", "1")
             .env(var, value)
             .env("PMI_ID", "0")
             .output()
@@ -504,7 +504,7 @@ fn bad_launcher_variables_are_reported() {
     let mut c = Command::new(&child_args("init_only")[0]);
     c.args(&child_args("init_only")[1..]);
     let o = c
-        .env("NEMESIS_TEST_CHILD", "1")
+        .env("NEM_TEST_CHILD", "1")
         .env("NEMESIS_STARTUP_TIMEOUT", "soon")
         .output()
         .unwrap();

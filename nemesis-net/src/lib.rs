@@ -195,6 +195,19 @@ pub fn open(
     }
 }
 
+/// Checks every network variable as opening a netmod would, without opening one: a job
+/// on one node refuses a bad value exactly as a job on many does.
+///
+/// # Errors
+/// The first unusable variable, named.
+pub fn check_config(get: &dyn Fn(&str) -> Option<String>) -> Result<(), NetError> {
+    config::netmod(get)?;
+    tcp::TcpConfig::from_lookup(get)?;
+    udp::UdpConfig::from_lookup(get)?;
+    addr::choose(get, true)?;
+    Ok(())
+}
+
 /// Counters a netmod keeps, for benchmarks and diagnostics.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NetStats {

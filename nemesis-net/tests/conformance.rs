@@ -102,3 +102,39 @@ fn unacknowledged_data_has_a_timer() {
         other => panic!("expected a timer, got {other:?}"),
     }
 }
+
+#[test]
+fn a_packet_over_the_largest_is_refused_and_one_of_exactly_it_taken() {
+    for name in NETMODS {
+        let mut nms = job(name, 2);
+        let max = nms[0].max_payload();
+        let big = vec![0u8; max + 1];
+        match nms[0].send(1, &[0, 0], &[&big]) {
+            Err(NetError::TooLarge { len, max: m }) => assert_eq!((len, m), (max + 1, max), "{name}"),
+            other => panic!("{name}: {other:?}"),
+        }
+        let exact = vec![0u8; max];
+        let end = Instant::now() + Duration::from_secs(10);
+        while nms[0]
+            .send(1, &[0, 0], &[&exact[..max / 2], &exact[max / 2..]])
+            .unwrap()
+            == Accept::Again
+        {
+            assert!(Instant::now() < end, "{name}: never taken");
+            for m in nms.iter_mut() {
+                m.poll(&mut |_, _, _| {}).unwrap();
+            }
+        }
+        let mut got = 0;
+        while got == 0 {
+            assert!(Instant::now() < end, "{name}: never arrived");
+            nms[0].poll(&mut |_, _, _| {}).unwrap();
+            nms[1]
+                .poll(&mut |_, _, p| {
+                    assert_eq!(p.len(), max);
+                    got += 1;
+                })
+                .unwrap();
+        }
+    }
+}

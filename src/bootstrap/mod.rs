@@ -12,7 +12,16 @@ pub mod wire;
 
 pub use pmi::{Maxes, PmiClient, PmiError};
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
+
+/// Where this process is with its process manager: a process joins a job once, over
+/// one connection, which the first channel's end finalizes (and whose descriptor it
+/// closes, so it may name something else later).
+static PMI_STATE: AtomicU8 = AtomicU8::new(NOT_JOINED);
+const NOT_JOINED: u8 = 0;
+const JOINED: u8 = 1;
+const LEFT: u8 = 2;
 
 /// A process's index in the job.
 pub type Rank = u32;
@@ -40,6 +49,24 @@ pub enum BootError {
     /// The process manager failed us.
     #[error(transparent)]
     Pmi(#[from] PmiError),
+    /// This process already joined its job through the process manager, and still is.
+    #[error(
+        "this process has already joined its job: a process joins once; keep the first \
+         World or channel (or pass it around) instead of calling init again"
+    )]
+    AlreadyJoined,
+    /// This process joined its job and left it: its first channel finalized the
+    /// connection to the process manager when it was dropped.
+    #[error(
+        "this process has already left its job: the connection to the process manager was \
+         finalized when the first World or channel was dropped, and a process joins once; \
+         keep that World or channel alive for as long as the process communicates"
+    )]
+    AlreadyLeft,
+    /// The process was started by a launcher that nemesis cannot talk to: it would run
+    /// as a singleton, one of many that each believe they are alone.
+    #[error("{0}")]
+    ForeignLauncher(String),
     /// The key-value space lacks what another rank should have put there.
     #[error("rank {rank}'s {what} is missing from the key-value space")]
     Missing {
@@ -131,12 +158,37 @@ fn segment_key(leader: Rank) -> String {
 const JOB_KEY: &str = "nem-key";
 
 impl Boot {
-    /// Joins the job the environment describes, or starts a singleton.
+    /// Joins the job the environment describes, or starts a singleton. Warns once on
+    /// standard error about `NEMESIS_*` variables nemesis does not read.
+    ///
+    /// # Errors
+    /// A process manager that fails; a second join ([`BootError::AlreadyJoined`],
+    /// [`BootError::AlreadyLeft`]); a launcher nemesis cannot talk to
+    /// ([`BootError::ForeignLauncher`]); a bad `NEMESIS_STARTUP_TIMEOUT`.
     pub fn init() -> Result<Self, BootError> {
-        let timeout = startup_timeout(|k| std::env::var(k).ok())?;
+        crate::env::warn_unknown();
+        let get = |k: &str| std::env::var(k).ok();
+        let timeout = startup_timeout(get)?;
+        let managed = get("PMI_FD").is_some() || get("PMI_PORT").is_some();
+        if managed {
+            match PMI_STATE.load(Ordering::Acquire) {
+                JOINED => return Err(BootError::AlreadyJoined),
+                LEFT => return Err(BootError::AlreadyLeft),
+                _ => {}
+            }
+        }
         match PmiClient::from_env(timeout)? {
-            Some(client) => Self::with_client(client, timeout),
-            None => Ok(Self::singleton(timeout)),
+            Some(client) => {
+                // The connection is ours now, whatever happens next.
+                PMI_STATE.store(JOINED, Ordering::Release);
+                Self::with_client(client, timeout)
+            }
+            None => {
+                if let Some(why) = foreign_launcher(get) {
+                    return Err(BootError::ForeignLauncher(why));
+                }
+                Ok(Self::singleton(timeout))
+            }
         }
     }
 
@@ -276,10 +328,14 @@ impl Boot {
         }
     }
 
-    /// Says goodbye to the process manager; also done on drop.
+    /// Says goodbye to the process manager; also done on drop. The process cannot join
+    /// a job again after this.
     pub fn finalize(&mut self) -> Result<(), BootError> {
         match &mut self.pmi {
-            Some(p) => Ok(p.finalize()?),
+            Some(p) => {
+                PMI_STATE.store(LEFT, Ordering::Release);
+                Ok(p.finalize()?)
+            }
             None => Ok(()),
         }
     }
@@ -338,6 +394,33 @@ pub fn job_id_of(kvsname: &str) -> u64 {
     h.max(1)
 }
 
+/// Why the environment shows a launcher that started this process among others without
+/// a PMI-1 connection nemesis can use, or `None`: Slurm's `srun` without `--mpi=pmi2`
+/// (`--mpi=pmix`, `--mpi=none`, or a cluster whose `MpiDefault` is neither), or a PMIx
+/// launcher such as Open MPI's `mpirun`.
+pub fn foreign_launcher(get: impl Fn(&str) -> Option<String>) -> Option<String> {
+    let count = |var| get(var).and_then(|v| v.trim().parse::<u32>().ok());
+    let tasks = count("SLURM_STEP_NUM_TASKS").or_else(|| count("SLURM_NTASKS"));
+    if get("SLURM_PROCID").is_some() && tasks.is_some_and(|n| n > 1) {
+        return Some(format!(
+            "started by Slurm's srun as one of {} tasks, but without the PMI-1 connection \
+             nemesis needs (PMI_FD): run it with `srun --mpi=pmi2`, or set MpiDefault=pmi2 in \
+             slurm.conf; under --mpi=pmix or --mpi=none every task would run alone",
+            tasks.unwrap_or(0)
+        ));
+    }
+    if let Some(v) = ["PMIX_RANK", "PMIX_NAMESPACE"]
+        .into_iter()
+        .find(|v| get(v).is_some())
+    {
+        return Some(format!(
+            "started by a PMIx launcher ({v} is set), which nemesis cannot talk to: start it \
+             with nemesis-run, MPICH's mpiexec (Hydra), or Slurm's `srun --mpi=pmi2`"
+        ));
+    }
+    None
+}
+
 fn startup_timeout(get: impl Fn(&str) -> Option<String>) -> Result<Duration, BootError> {
     match get("NEMESIS_STARTUP_TIMEOUT") {
         None => Ok(DEFAULT_STARTUP_TIMEOUT),
@@ -352,4 +435,37 @@ fn startup_timeout(get: impl Fn(&str) -> Option<String>) -> Result<Duration, Boo
 /// A job identifier that no other job on this machine is using.
 pub fn random_job_id() -> u64 {
     nemesis_shm::config::random_id()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+    }
+
+    #[test]
+    fn launchers_nemesis_cannot_talk_to_are_named() {
+        let srun = foreign_launcher(env(&[("SLURM_PROCID", "1"), ("SLURM_NTASKS", "4")])).unwrap();
+        assert!(srun.contains("--mpi=pmi2") && srun.contains("4 tasks"), "{srun}");
+        let step = env(&[
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "1"),
+            ("SLURM_STEP_NUM_TASKS", "2"),
+        ]);
+        assert!(foreign_launcher(step).is_some());
+        let pmix = foreign_launcher(env(&[("PMIX_RANK", "0")])).unwrap();
+        assert!(
+            pmix.contains("PMIX_RANK") && pmix.contains("nemesis-run"),
+            "{pmix}"
+        );
+        // An salloc shell, a one-task step, or nothing at all: a singleton is right.
+        assert_eq!(foreign_launcher(env(&[("SLURM_NTASKS", "4")])), None);
+        assert_eq!(
+            foreign_launcher(env(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1")])),
+            None
+        );
+        assert_eq!(foreign_launcher(env(&[])), None);
+    }
 }

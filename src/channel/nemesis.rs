@@ -170,6 +170,9 @@ impl NemesisChannel {
         shm.set_wait_policy(WaitPolicy::from_lookup(info.machine_ranks, usable_cpus(), &get)?);
         let boot = Arc::new(Mutex::new(boot));
         let netmod = if view.local_ranks.len() as u32 == info.size {
+            // No netmod opens here, but a bad network variable fails here as it would on
+            // many nodes.
+            nemesis_net::check_config(&get)?;
             None
         } else {
             let name = nemesis_net::config::netmod(&get)?;
@@ -771,20 +774,24 @@ mod tests {
     }
 
     #[test]
-    fn a_bad_no_shm_value_is_refused_by_name_and_a_singleton_needs_no_netmod() {
+    fn bad_values_are_refused_by_name_and_a_singleton_opens_no_netmod() {
         let boot = || Boot::singleton(Duration::from_secs(1));
         let e =
             NemesisChannel::from_boot_with(boot(), |k| (k == NO_SHM_VAR).then(|| "yes".into())).unwrap_err();
         assert!(matches!(e, ChannelError::Config { var: NO_SHM_VAR, .. }), "{e}");
-        // Alone, even with shared memory off and an unknown netmod named, there is no
-        // one to reach, so no netmod is opened.
+        // Alone, with shared memory off, there is no one to reach, so no netmod is
+        // opened; but a netmod variable that could not work is refused here as it would
+        // be on many nodes.
         let ch = NemesisChannel::from_boot_with(boot(), |k| match k {
             NO_SHM_VAR => Some("1".into()),
-            "NEMESIS_NETMOD" => Some("pigeon".into()),
+            "NEMESIS_NETMOD" => Some("udp".into()),
             _ => None,
         })
         .unwrap();
         assert_eq!((ch.size(), ch.transport()), (1, "shm"));
+        let e = NemesisChannel::from_boot_with(boot(), |k| (k == "NEMESIS_NETMOD").then(|| "pigeon".into()))
+            .unwrap_err();
+        assert!(matches!(e, ChannelError::Config { var: "NEMESIS_NETMOD", .. }), "{e}");
     }
 
     #[test]
@@ -801,5 +808,36 @@ mod tests {
         let e = ch.send_bytes(1, tag(0), b"x").unwrap_err();
         assert!(matches!(e, ChannelError::NoRoute { rank: 1 }), "{e}");
         ch.wait(Some(Duration::from_millis(1))).unwrap();
+    }
+
+    /// Every route refuses a packet one byte over `max_payload_to(peer)` the same way,
+    /// and takes one of exactly that size.
+    #[test]
+    fn every_route_refuses_a_packet_over_its_largest_the_same_way() {
+        let (mut ch, _) = job(64);
+        let h = Header::default();
+        for me in 0..3u32 {
+            for peer in 0..3u32 {
+                let c = &mut ch[me as usize];
+                let max = c.max_payload_to(peer);
+                assert!(max >= c.max_payload(), "{me}->{peer}");
+                c.send_bytes(peer, h, &vec![0u8; max])
+                    .unwrap_or_else(|e| panic!("{me}->{peer}: {max} bytes refused: {e}"));
+                match c.send_bytes(peer, h, &vec![0u8; max + 1]) {
+                    Err(ChannelError::PacketTooLarge { len, max: m }) => {
+                        assert_eq!((len, m), (max + 1, max), "{me}->{peer}")
+                    }
+                    other => panic!("{me}->{peer}: {other:?}"),
+                }
+            }
+        }
+        // Out of the job: refused, not routed.
+        assert!(matches!(
+            ch[0].send_bytes(3, h, b"x"),
+            Err(ChannelError::InvalidRank { rank: 3, size: 3 })
+        ));
+        for c in ch.iter_mut() {
+            drain(c);
+        }
     }
 }

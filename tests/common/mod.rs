@@ -47,7 +47,7 @@ pub fn run(n: u32, role: &str, shm: &Path) -> Command {
     let mut c = Command::new(nemesis_run());
     c.args(["-n", &n.to_string(), "--timeout", "300", "--"])
         .args(child_args(role));
-    c.env("NEMESIS_TEST_CHILD", "1").env("NEMESIS_SHM_DIR", shm);
+    c.env("NEM_TEST_CHILD", "1").env("NEMESIS_SHM_DIR", shm);
     c
 }
 
@@ -98,7 +98,7 @@ pub fn assert_ranks_said(o: &Output, line: &str, n: usize, what: &str) {
 /// Children only: runs `f` and fails the child process (not a panic, which libtest
 /// would report as a failed test and exit 101 anyway) with its message.
 pub fn child_main(f: impl FnOnce() -> Result<(), String>) {
-    if std::env::var_os("NEMESIS_TEST_CHILD").is_none() {
+    if std::env::var_os("NEM_TEST_CHILD").is_none() {
         return;
     }
     if let Err(e) = f() {

@@ -1,0 +1,206 @@
+//! Every `NEMESIS_*` variable nemesis reads, and a warning for one it does not: a
+//! misspelt variable (`NEMESIS_CELL=4`) would otherwise be ignored without a word.
+
+use std::sync::Once;
+
+/// Who reads a variable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reader {
+    /// The library: every process of a job.
+    Library,
+    /// The tools: `nemesis-run` or `nemesis-bench` (and the partners it starts).
+    Tools,
+}
+
+/// The variables, with who reads them and what they set. README's table says more.
+pub const KNOWN: &[(&str, Reader, &str)] = &[
+    ("NEMESIS_CELLS", Reader::Library, "cells per process"),
+    ("NEMESIS_CELL_SIZE", Reader::Library, "bytes per cell"),
+    ("NEMESIS_FBOX_SIZE", Reader::Library, "bytes per fastbox"),
+    ("NEMESIS_SHM_DIR", Reader::Library, "where segment files are made"),
+    (
+        "NEMESIS_STARTUP_TIMEOUT",
+        Reader::Library,
+        "seconds any start-up wait may take",
+    ),
+    ("NEMESIS_SPIN", Reader::Library, "checks for work before yielding"),
+    ("NEMESIS_YIELDS", Reader::Library, "yields before sleeping"),
+    ("NEMESIS_EAGER_LIMIT", Reader::Library, "largest eager message"),
+    (
+        "NEMESIS_FAILURE_TIMEOUT",
+        Reader::Library,
+        "seconds between checks of peers",
+    ),
+    (
+        "NEMESIS_WAIT_WARN",
+        Reader::Library,
+        "seconds before a blocked call says what it waits for",
+    ),
+    (
+        "NEMESIS_NODE_COLLECTIVES",
+        Reader::Library,
+        "collectives through the node's blocks",
+    ),
+    ("NEMESIS_LMT", Reader::Library, "large-message strategy"),
+    (
+        "NEMESIS_LMT_RING_SLOTS",
+        Reader::Library,
+        "slots of each copy ring",
+    ),
+    (
+        "NEMESIS_LMT_RING_SLOT_SIZE",
+        Reader::Library,
+        "bytes per ring slot",
+    ),
+    ("NEMESIS_NETMOD", Reader::Library, "network module"),
+    (
+        "NEMESIS_NO_SHM",
+        Reader::Library,
+        "every peer through the network module",
+    ),
+    (
+        "NEMESIS_NET_ADDR",
+        Reader::Library,
+        "address the network module binds",
+    ),
+    (
+        "NEMESIS_NET_IFACE",
+        Reader::Library,
+        "interface the network module binds",
+    ),
+    (
+        "NEMESIS_NET_TIMEOUT",
+        Reader::Library,
+        "seconds a silent peer has before it fails",
+    ),
+    ("NEMESIS_TCP_MAX_PAYLOAD", Reader::Library, "largest tcp packet"),
+    (
+        "NEMESIS_TCP_QUEUE_LIMIT",
+        Reader::Library,
+        "bytes queued per tcp peer",
+    ),
+    ("NEMESIS_UDP_MTU", Reader::Library, "MTU udp sizes datagrams for"),
+    (
+        "NEMESIS_UDP_WINDOW",
+        Reader::Library,
+        "udp segments in flight per peer",
+    ),
+    (
+        "NEMESIS_PMI_DEBUG",
+        Reader::Tools,
+        "nemesis-run prints its PMI traffic",
+    ),
+    (
+        "NEMESIS_MEASURE_ROLE",
+        Reader::Tools,
+        "a nemesis-bench partner's role",
+    ),
+    (
+        "NEMESIS_MEASURE_CPU",
+        Reader::Tools,
+        "a nemesis-bench partner's CPU",
+    ),
+    (
+        "NEMESIS_MEASURE_RING",
+        Reader::Tools,
+        "a nemesis-bench ring's shape",
+    ),
+    (
+        "NEMESIS_MEASURE_COLL",
+        Reader::Tools,
+        "a nemesis-bench collective run's shape",
+    ),
+];
+
+/// Whether `name` is one of [`KNOWN`].
+pub fn is_known(name: &str) -> bool {
+    KNOWN.iter().any(|(k, _, _)| *k == name)
+}
+
+/// The known variable nearest to `name` (fewest single-character edits), if one is
+/// near enough to be a likely misspelling.
+pub fn nearest(name: &str) -> Option<&'static str> {
+    let (best, d) = KNOWN
+        .iter()
+        .map(|(k, _, _)| (*k, edits(name, k)))
+        .min_by_key(|&(_, d)| d)?;
+    (d <= 3.max(name.len() / 4)).then_some(best)
+}
+
+/// Levenshtein distance.
+fn edits(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.iter().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            cur[j + 1] = (prev[j] + usize::from(ca != cb))
+                .min(prev[j + 1] + 1)
+                .min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+/// The warnings for the unknown `NEMESIS_*` names among `names`.
+pub fn unknown<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+    names
+        .into_iter()
+        .filter(|n| n.starts_with("NEMESIS_") && !is_known(n))
+        .map(|n| match nearest(n) {
+            Some(k) => {
+                format!("nemesis: {n} is not a variable nemesis reads (did you mean {k}?); it is ignored")
+            }
+            None => format!("nemesis: {n} is not a variable nemesis reads; it is ignored"),
+        })
+        .collect()
+}
+
+/// Warns on standard error, once per process, about every `NEMESIS_*` variable of the
+/// environment that nemesis does not read.
+pub fn warn_unknown() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let names: Vec<String> = std::env::vars_os()
+            .filter_map(|(k, _)| k.into_string().ok())
+            .collect();
+        for w in unknown(names.iter().map(String::as_str)) {
+            eprintln!("{w}");
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_misspelt_variable_is_named_with_the_one_meant() {
+        let w = unknown([
+            "NEMESIS_CELL",
+            "NEMESIS_CELLS",
+            "PATH",
+            "NEMESIS_NETMDO",
+            "NEMESIS_XYZZY_PLUGH",
+        ]);
+        assert_eq!(w.len(), 3, "{w:?}");
+        assert!(w[0].contains("NEMESIS_CELL is not") && w[0].contains("did you mean NEMESIS_CELLS?"));
+        assert!(w[1].contains("did you mean NEMESIS_NETMOD?"), "{}", w[1]);
+        assert!(!w[2].contains("did you mean"), "{}", w[2]);
+        assert_eq!(edits("kitten", "sitting"), 3);
+    }
+
+    #[test]
+    fn every_variable_the_library_reads_is_known() {
+        for v in [
+            crate::progress::WAIT_WARN_VAR,
+            crate::progress::FAILURE_TIMEOUT_VAR,
+            crate::channel::NO_SHM_VAR,
+            nemesis_net::config::NETMOD_VAR,
+            nemesis_net::config::NET_TIMEOUT_VAR,
+        ] {
+            assert!(is_known(v), "{v}");
+        }
+    }
+}
