@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs every test of nemesis: formatting and lints, the unit and multi-process tests,
-# the loom models, and a short run of the instruction-count script.
+# Runs every test of nemesis: formatting, lints and documentation, the unit and
+# multi-process tests, the async tests, the tests under a one-node Slurm cluster, the
+# loom models, a short run of the instruction-count script, and the fuzz targets.
 #
 #   scripts/test.sh
 #
@@ -21,11 +22,11 @@ command -v mpiexec.mpich >/dev/null || missing+=(mpich)
 command -v mpicc.mpich >/dev/null || missing+=(libmpich-dev)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v nft >/dev/null || missing+=(nftables)
+if [ "$(id -u)" -ne 0 ]; then sudo=sudo; else sudo=; fi
 if ((${#missing[@]})); then
     step "installing ${missing[*]}"
-    if [ "$(id -u)" -ne 0 ]; then sudo=sudo; else sudo=; fi
-    $sudo apt-get update
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends "${missing[@]}"
+    $sudo apt-get -o DPkg::Lock::Timeout=900 update
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get -o DPkg::Lock::Timeout=900 install -y --no-install-recommends "${missing[@]}"
 fi
 
 step "format"
@@ -35,11 +36,20 @@ step "lints"
 cargo clippy --locked --workspace --all-targets -- -D warnings
 cargo clippy --locked --workspace --all-targets --features nemesis/async -- -D warnings
 
+step "documentation"
+RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps --workspace --features nemesis/async
+
 step "unit and multi-process tests"
 cargo test --locked --workspace
 
 step "async: futures, the progress thread, the tokio example, idle ranks that sleep"
 cargo test --locked -p nemesis --features async --test aio
+
+step "under Slurm: srun --mpi=pmi2 on a one-node cluster"
+$sudo scripts/slurm.sh start >/dev/null
+trap '$sudo scripts/slurm.sh stop' EXIT
+eval "$(scripts/slurm.sh env)"
+NEM_TEST_SLURM=1 cargo test --locked -p nemesis --test slurm -- --test-threads=1
 
 step "loom models (lock-free protocols of nemesis-shm, with broken variants that must fail)"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo clippy --locked -p loom-tests --all-targets -- -D warnings

@@ -791,7 +791,16 @@ mod tests {
         assert_eq!((ch.size(), ch.transport()), (1, "shm"));
         let e = NemesisChannel::from_boot_with(boot(), |k| (k == "NEMESIS_NETMOD").then(|| "pigeon".into()))
             .unwrap_err();
-        assert!(matches!(e, ChannelError::Config { var: "NEMESIS_NETMOD", .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                ChannelError::Config {
+                    var: "NEMESIS_NETMOD",
+                    ..
+                }
+            ),
+            "{e}"
+        );
     }
 
     #[test]

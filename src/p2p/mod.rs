@@ -1,4 +1,4 @@
-//! Two-sided tagged messaging on top of any [`Channel`]: what an MPI or PGAS runtime
+//! Two-sided tagged messaging on top of any [`Channel`](crate::Channel): what an MPI or PGAS runtime
 //! needs from a transport.
 //!
 //! A [`World`] owns the channel. Messages are matched on context (communicator),

@@ -69,8 +69,8 @@ struct Args {
     #[arg(long, value_name = "ADDR", requires = "hosts")]
     pmi_addr: Option<IpAddr>,
 
-    /// Prefix every line of output with "[rank] ".
-    #[arg(short, long)]
+    // The help is an attribute, not a doc comment, which rustdoc would read as a link.
+    #[arg(short, long, help = "Prefix every line of output with \"[rank] \"")]
     label: bool,
 
     /// Seconds between SIGTERM and SIGKILL when the job is being ended.
