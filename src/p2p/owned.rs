@@ -281,8 +281,9 @@ impl Ready {
 pub struct RequestSet<B: OwnedBuf = Vec<u8>> {
     reqs: Vec<Option<OwnedRequest<B>>>,
     ready: Arc<Ready>,
-    /// Finished requests drained from `ready` but not yet handed out.
-    due: Vec<usize>,
+    /// Finished requests drained from `ready` but not yet handed out, in the order they
+    /// finished.
+    due: std::collections::VecDeque<usize>,
     active: usize,
 }
 
@@ -291,7 +292,7 @@ impl<B: OwnedBuf> Default for RequestSet<B> {
         Self {
             reqs: Vec::new(),
             ready: Arc::default(),
-            due: Vec::new(),
+            due: std::collections::VecDeque::new(),
             active: 0,
         }
     }
@@ -311,7 +312,7 @@ impl<B: OwnedBuf> RequestSet<B> {
             if r.slot.state.load(Ordering::Acquire) == ACTIVE {
                 l.set = Some((self.ready.clone(), index));
             } else {
-                self.due.push(index);
+                self.due.push_back(index);
             }
         }
         self.reqs.push(Some(r));
@@ -340,11 +341,11 @@ impl<B: OwnedBuf> RequestSet<B> {
     /// Hands out what has finished, into `out`; returns how many.
     fn collect(&mut self, out: &mut Vec<Completed<B>>, most: usize) -> usize {
         if self.due.is_empty() {
-            self.due = self.ready.drain();
+            self.due.extend(self.ready.drain());
         }
         let mut n = 0;
         while n < most {
-            let Some(i) = self.due.pop() else { break };
+            let Some(i) = self.due.pop_front() else { break };
             if let Some(r) = self.reqs.get_mut(i).and_then(Option::take) {
                 self.active -= 1;
                 out.push(r.take(i));
@@ -511,7 +512,8 @@ impl<C: Channel> World<C> {
         Ok(out.pop())
     }
 
-    /// Moves every protocol on once; hands out every finished request of `set`.
+    /// Moves every protocol on once; hands out every finished request of `set`, in the
+    /// order they finished.
     ///
     /// # Errors
     /// The progress error.

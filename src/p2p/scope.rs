@@ -16,6 +16,7 @@ use crate::channel::Channel;
 use crate::progress::Idle;
 use nemesis_lmt::Seg;
 use std::cell::{RefCell, RefMut};
+use std::collections::HashSet;
 use std::marker::PhantomData;
 
 /// A region of code in which non-blocking operations may borrow buffers. Made by
@@ -40,7 +41,7 @@ pub(crate) struct ScopeState {
     /// Requests dropped unfinished, to release at the next call.
     dropped: RefCell<Vec<u32>>,
     /// Requests of this scope that the engine still knows.
-    live: RefCell<Vec<u32>>,
+    live: RefCell<HashSet<u32>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,7 +147,11 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
     fn release_dropped(&self, w: &mut World<C>) {
         let dropped: Vec<u32> = self.state.dropped.borrow_mut().drain(..).collect();
         if !dropped.is_empty() {
-            self.state.live.borrow_mut().retain(|id| !dropped.contains(id));
+            let mut live = self.state.live.borrow_mut();
+            for id in &dropped {
+                live.remove(id);
+            }
+            drop(live);
             for id in dropped {
                 w.release(id);
             }
@@ -156,7 +161,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
     fn end(&self) {
         let mut w = self.world.borrow_mut();
         self.release_dropped(&mut w);
-        let live: Vec<u32> = self.state.live.borrow_mut().drain(..).collect();
+        let live: Vec<u32> = self.state.live.borrow_mut().drain().collect();
         for id in live {
             w.release(id);
         }
@@ -169,7 +174,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
             len,
         }));
         if id != 0 {
-            self.state.live.borrow_mut().push(id);
+            self.state.live.borrow_mut().insert(id);
         }
         Request {
             id,
@@ -310,7 +315,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
             Some(res) => res,
             None => {
                 let res = w.eng.finish(r.id);
-                self.state.live.borrow_mut().retain(|&id| id != r.id);
+                self.state.live.borrow_mut().remove(&r.id);
                 res
             }
         };

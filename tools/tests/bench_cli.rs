@@ -200,3 +200,28 @@ fn bad_arguments_are_refused() {
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("largest packet"));
 }
+
+#[test]
+fn requests_json_carries_both_ways_of_waiting() {
+    let lines = json_lines(&["requests", "--counts", "200", "--rounds", "1", "--json"]);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    for (l, api) in lines.iter().zip(["test_some", "waitall"]) {
+        assert!(l.contains(&format!("\"api\":\"{api}\"")), "{l}");
+        has(
+            l,
+            &[
+                "bench",
+                "count",
+                "post_ns_per_request",
+                "finish_ns_per_request",
+                "empty_tests",
+            ],
+        );
+    }
+    let o = Command::new(BENCH)
+        .args(["requests", "--counts", "0"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--counts"));
+}

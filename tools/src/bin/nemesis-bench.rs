@@ -50,6 +50,19 @@ enum Cmd {
     /// Size of the shared segment for a number of processes, with the current settings,
     /// and the udp layer's heap per peer, measured in the simulator.
     Memory(MemoryArgs),
+    /// Time per request of finishing many outstanding receives with test_some over a
+    /// request set, and with a scoped waitall (two threads of this process).
+    Requests(RequestsArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+struct RequestsArgs {
+    /// Receives outstanding at once.
+    #[arg(long, value_delimiter = ',', value_parser = size, default_value = "1K,10K,100K")]
+    counts: Vec<usize>,
+    /// Rounds per count; the best is reported.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: u32,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -820,6 +833,41 @@ fn memory(a: &MemoryArgs, json: bool) -> Result<()> {
     udp_memory(a, json)
 }
 
+fn requests(a: &RequestsArgs, json: bool) -> Result<()> {
+    if !json {
+        println!(
+            "# {:>9} {:>8} {:>16} {:>18} {:>12}",
+            "api", "count", "post ns/request", "finish ns/request", "empty tests"
+        );
+    }
+    for &count in &a.counts {
+        if count == 0 || count > 1 << 20 {
+            anyhow::bail!("--counts: {count} requests; choose 1 to 1M");
+        }
+        for api in measure::Api::ALL {
+            let r = measure::requests(api, count, a.rounds)?;
+            if json {
+                Json::new("requests")
+                    .s("api", api.name())
+                    .u("count", count as u64)
+                    .f("post_ns_per_request", r.post_ns)
+                    .f("finish_ns_per_request", r.finish_ns)
+                    .u("empty_tests", r.empty_tests)
+                    .print();
+            } else {
+                println!(
+                    "{:>11} {count:>8} {:>16.1} {:>18.1} {:>12}",
+                    api.name(),
+                    r.post_ns,
+                    r.finish_ns,
+                    r.empty_tests
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The heap the udp layer keeps per peer, from [`measure::udp_memory`] weighed by this
 /// binary's counting allocator.
 fn udp_memory(a: &MemoryArgs, json: bool) -> Result<()> {
@@ -958,6 +1006,7 @@ fn run(cli: Cli) -> Result<()> {
         Some(Cmd::Ring(a)) => ring(&a, cli.json)?,
         Some(Cmd::Coll(a)) => coll(&a, cli.json)?,
         Some(Cmd::Memory(a)) => memory(&a, cli.json)?,
+        Some(Cmd::Requests(a)) => requests(&a, cli.json)?,
         None => {
             let lat = LatencyArgs::parse_defaults();
             let bw = BwArgs::parse_defaults();

@@ -11,12 +11,14 @@ mod clock;
 mod coll;
 mod netmem;
 mod pin;
+mod requests;
 mod stats;
 
 pub use clock::Clock;
 pub use coll::{COLL_ROWS, CollRound, collectives};
 pub use netmem::{UDP_MEMORY_SIZES, UdpMemory, udp_memory};
 pub use pin::{allowed_cpus, pair_cpus, pin_to};
+pub use requests::{Api, RequestsRow, requests};
 pub use stats::Summary;
 
 use crate::launch::server::process_mapping;
