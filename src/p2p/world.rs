@@ -806,6 +806,9 @@ impl<C: Channel> World<C> {
             buf,
             found,
         };
+        let mut round = 0u32;
+        // Only a local source has a fastbox to look in.
+        let boxed = src.filter(|&s| s != self.rank() && self.core.ch.is_local(s));
         let found = loop {
             if let Some(found) = f.found.take() {
                 // What the poll left to do must not cost this receive its message: a
@@ -814,6 +817,19 @@ impl<C: Channel> World<C> {
                     self.eng.defer(e);
                 }
                 break found;
+            }
+            round = round.wrapping_add(1);
+            // A named source's next message most likely comes through its fastbox: look
+            // there alone, and at everything (the queue, the network, every protocol's
+            // packets, the chores) on every few rounds.
+            if let Some(s) = boxed
+                && round % FULL_POLL_EVERY != 0
+            {
+                let (ch, mut others) = self.core.split();
+                let eng = &mut self.eng;
+                if ch.poll_from(s, |p| f.offer(eng, &mut others, p)) || idle.tight() {
+                    continue;
+                }
             }
             self.release_dropped();
             let (ch, mut others) = self.core.split();
@@ -1085,6 +1101,10 @@ enum Found {
     /// An RTS (boxed, so the eager case stays small).
     Rts { src: u32, tag: i32, rts: Box<Rts> },
 }
+
+/// A blocked receive from a named source looks at that source's fastbox alone, and at
+/// everything on every this many rounds.
+const FULL_POLL_EVERY: u32 = 8;
 
 /// Matches any source in a [`Fresh`] receive; world ranks are below it.
 const FRESH_ANY_SRC: u32 = u32::MAX;

@@ -595,13 +595,18 @@ fn latency(pairs: &mut [Pair], a: &LatencyArgs, json: bool) -> Result<()> {
                     .f("p50_ns", c.p50)
                     .f("p99_ns", c.p99)
                     .f("mean_ns", c.mean)
+                    .f("tmean_ns", c.tmean)
                     .f("min_ns", c.min)
                     .f("probe_ns", p.p50)
                     .f("ratio", ratio)
                     .f("floor_ns", f.p50)
                     .f("floor_ratio", c.p50 / f.p50);
                 if let Some(ch) = ch {
-                    row = row.f("channel_ns", ch.p50).f("channel_ratio", c.p50 / ch.p50);
+                    row = row
+                        .f("channel_ns", ch.p50)
+                        .f("channel_ratio", c.p50 / ch.p50)
+                        .f("channel_tmean_ns", ch.tmean)
+                        .f("channel_tmean_ratio", c.tmean / ch.tmean);
                 }
                 if let (Some(tc), Some(sp)) = (tc, sp) {
                     row = row

@@ -11,6 +11,9 @@ pub struct Summary {
     pub min: f64,
     /// Mean.
     pub mean: f64,
+    /// Mean of the middle 80% (the 10th to the 90th percentile): as robust as the
+    /// median to stalls, and finer than it where the clock ticks coarsely.
+    pub tmean: f64,
     /// How many samples.
     pub count: usize,
 }
@@ -23,7 +26,10 @@ impl Summary {
         }
         samples.sort_by(f64::total_cmp);
         let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+        let (lo, hi) = (samples.len() / 10, samples.len() - samples.len() / 10);
+        let mid = &samples[lo..hi.max(lo + 1)];
         Some(Self {
+            tmean: mid.iter().sum::<f64>() / mid.len() as f64,
             p50: at(0.5),
             p99: at(0.99),
             min: samples[0],
