@@ -168,7 +168,21 @@ pub enum ChannelError {
     Registry(#[from] crate::progress::RegistryError),
 }
 
-/// A transport between the ranks of a job.
+/// A transport between the ranks of a job: who we are, whether a peer shares our node,
+/// sends that never block and never drop, and polls that hand packets up in place.
+///
+/// ```
+/// use nemesis::{Channel, Header, NemesisChannel};
+/// let mut ch = NemesisChannel::init()?; // alone: rank 0 of 1, sending to itself
+/// let next = (ch.rank() + 1) % ch.size();
+/// ch.send_bytes(next, Header { tag: 7, ..Header::default() }, b"hello")?;
+/// let mut got = Vec::new();
+/// // The payload is lent in place, straight from the fastbox, cell or network buffer.
+/// ch.poll_wait(|p| got.extend_from_slice(p.payload), None)?;
+/// assert_eq!(got, b"hello");
+/// ch.flush(std::time::Duration::from_secs(10))?;
+/// # Ok::<(), nemesis::ChannelError>(())
+/// ```
 pub trait Channel {
     /// Our rank.
     fn rank(&self) -> Rank;

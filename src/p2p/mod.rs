@@ -252,7 +252,17 @@ pub enum Locality {
 
 /// Joins the job (see [`crate::bootstrap::Boot::init`]) and returns its world: shared
 /// memory to the ranks on this node, the network module `NEMESIS_NETMOD` names to the
-/// others.
+/// others. Started alone, the process is rank 0 of 1.
+///
+/// ```
+/// let world = nemesis::init()?;
+/// println!("rank {} of {}", world.rank(), world.size());
+/// # Ok::<(), nemesis::P2pError>(())
+/// ```
+///
+/// # Errors
+/// A process manager that fails, a second join, a launcher nemesis cannot talk to, a
+/// bad `NEMESIS_*` variable, or a segment that cannot be made or joined.
 pub fn init() -> Result<World<NemesisChannel>, P2pError> {
     World::new(NemesisChannel::init()?)
 }

@@ -370,7 +370,7 @@ impl<C: Channel> World<C> {
     /// Starts sending `buf` to rank `dest` of `comm`; the request owns `buf` and gives it
     /// back when it finishes.
     ///
-    /// ```no_run
+    /// ```
     /// let mut world = nemesis::init()?;
     /// let comm = world.comm();
     /// let peer = (world.rank() + 1) % world.size();

@@ -23,16 +23,14 @@ use std::time::{Duration, Instant};
 /// [`World::progress`] polls through it, so the protocols registered on it (a runtime's
 /// own, with [`World::register`]) move on whichever call is waiting.
 ///
-/// ```no_run
+/// ```
 /// let mut world = nemesis::init()?; // rank, size and peers from the process manager
 /// let comm = world.comm();
-/// if world.rank() == 0 {
-///     world.send(&comm, 1, 7, b"hello")?;
-/// } else if world.rank() == 1 {
-///     let mut buf = [0u8; 16];
-///     let st = world.recv(&comm, 0, 7, &mut buf)?;
-///     assert_eq!(&buf[..st.len], b"hello");
-/// }
+/// let (me, n) = (world.rank(), world.size());
+/// world.send(&comm, (me + 1) % n, 7, b"hello")?;
+/// let mut buf = [0u8; 16];
+/// let st = world.recv(&comm, (me + n - 1) % n, 7, &mut buf)?;
+/// assert_eq!(&buf[..st.len], b"hello");
 /// # Ok::<(), nemesis::P2pError>(())
 /// ```
 #[derive(Debug)]
@@ -284,7 +282,7 @@ impl<C: Channel> World<C> {
     /// traffic, the network module's sockets and timers. An event loop (epoll, mio,
     /// tokio's `AsyncFd`) sleeps on it with everything else it waits for:
     ///
-    /// ```no_run
+    /// ```
     /// # use std::os::fd::AsRawFd;
     /// let mut world = nemesis::init()?;
     /// let fd = world.wait_fd().expect("a descriptor").as_raw_fd();

@@ -14,7 +14,7 @@
 //! them (then every power of two) is reported on standard error with the protocol named;
 //! the other protocols go on.
 //!
-//! ```no_run
+//! ```
 //! use nemesis::progress::{Outbox, ProtocolId};
 //! use nemesis::{Header, Packet};
 //! use std::sync::{Arc, Mutex};
