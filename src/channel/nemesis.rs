@@ -543,6 +543,31 @@ impl Drop for NemesisChannel {
     }
 }
 
+/// Ranks 0 and 1 sharing a segment and rank 2 alone on another "node", each with the
+/// netmod `net` makes for its rank: the job the channel tests run.
+#[cfg(test)]
+pub(crate) fn three_ranks(
+    slice: Duration,
+    mut net: impl FnMut(u32) -> Box<dyn Netmod>,
+) -> Vec<NemesisChannel> {
+    let policy = WaitPolicy {
+        spin: 10,
+        yields: 1,
+        slice,
+    };
+    let pair = Arc::new(Segment::anonymous(2, nemesis_shm::Geometry::default()).unwrap());
+    let alone = Arc::new(Segment::anonymous(1, nemesis_shm::Geometry::default()).unwrap());
+    let shm = [
+        ShmChannel::from_segment(pair.clone(), 0, 3, &[0, 1], 0, policy).unwrap(),
+        ShmChannel::from_segment(pair, 1, 3, &[0, 1], 1, policy).unwrap(),
+        ShmChannel::from_segment(alone, 2, 3, &[2], 0, policy).unwrap(),
+    ];
+    shm.into_iter()
+        .zip(0..)
+        .map(|(s, r)| NemesisChannel::with_netmod(s, Some(net(r))))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -642,29 +667,12 @@ mod tests {
             cap,
             ..Wire::default()
         }));
-        let policy = WaitPolicy {
-            spin: 10,
-            yields: 1,
-            slice: Duration::from_millis(5),
-        };
-        let pair = Arc::new(Segment::anonymous(2, Geometry::default()).unwrap());
-        let alone = Arc::new(Segment::anonymous(1, Geometry::default()).unwrap());
-        let shm = [
-            ShmChannel::from_segment(pair.clone(), 0, 3, &[0, 1], 0, policy).unwrap(),
-            ShmChannel::from_segment(pair, 1, 3, &[0, 1], 1, policy).unwrap(),
-            ShmChannel::from_segment(alone, 2, 3, &[2], 0, policy).unwrap(),
-        ];
-        let chans = shm
-            .into_iter()
-            .enumerate()
-            .map(|(r, s)| {
-                let net = MemNet {
-                    me: r as u32,
-                    wire: wire.clone(),
-                };
-                NemesisChannel::with_netmod(s, Some(Box::new(net)))
+        let chans = three_ranks(Duration::from_millis(5), |r| {
+            Box::new(MemNet {
+                me: r,
+                wire: wire.clone(),
             })
-            .collect();
+        });
         (chans, wire)
     }
 

@@ -79,9 +79,8 @@ impl AsFd for WaitSet {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::channel::{Channel, Header, NemesisChannel, ShmChannel, WaitPolicy};
+    use crate::channel::{Channel, Header, NemesisChannel};
     use nemesis_net::{Cards, Identity, NetError};
-    use nemesis_shm::{Geometry, Segment};
     use std::net::{IpAddr, Ipv4Addr};
     use std::sync::{Arc, Mutex};
 
@@ -97,34 +96,17 @@ mod tests {
     /// Ranks 0 and 1 share a segment; rank 2 is alone on another "node"; all have a
     /// tcp netmod on loopback.
     fn mixed_job() -> Vec<NemesisChannel> {
-        let policy = WaitPolicy {
-            spin: 10,
-            yields: 1,
-            slice: Duration::from_millis(50),
-        };
-        let pair = Arc::new(Segment::anonymous(2, Geometry::default()).unwrap());
-        let alone = Arc::new(Segment::anonymous(1, Geometry::default()).unwrap());
-        let shm = [
-            ShmChannel::from_segment(pair.clone(), 0, 3, &[0, 1], 0, policy).unwrap(),
-            ShmChannel::from_segment(pair, 1, 3, &[0, 1], 1, policy).unwrap(),
-            ShmChannel::from_segment(alone, 2, 3, &[2], 0, policy).unwrap(),
-        ];
         let table = Table::default();
         let none = |_: &str| None;
-        let chans: Vec<NemesisChannel> = shm
-            .into_iter()
-            .enumerate()
-            .map(|(r, s)| {
-                let id = Identity {
-                    rank: r as u32,
-                    size: 3,
-                    job_key: 7,
-                    addr: IpAddr::V4(Ipv4Addr::LOCALHOST),
-                };
-                let net = nemesis_net::open("tcp", id, Box::new(table.clone()), &none).unwrap();
-                NemesisChannel::with_netmod(s, Some(net))
-            })
-            .collect();
+        let chans = crate::channel::nemesis::three_ranks(Duration::from_millis(50), |r| {
+            let id = Identity {
+                rank: r,
+                size: 3,
+                job_key: 7,
+                addr: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            };
+            nemesis_net::open("tcp", id, Box::new(table.clone()), &none).unwrap()
+        });
         *table.0.lock().unwrap() = chans
             .iter()
             .map(|c| c.netmod().unwrap().business_card())

@@ -250,32 +250,9 @@ impl<C: Channel> World<C> {
     pub fn progress_until(
         &mut self,
         timeout: Option<Duration>,
-        mut done: impl FnMut(&mut Self) -> bool,
+        done: impl FnMut(&mut Self) -> bool,
     ) -> Result<bool, P2pError> {
-        let deadline = timeout.map(|t| Instant::now() + t);
-        let mut idle = Idle::new();
-        loop {
-            if done(self) {
-                return Ok(true);
-            }
-            self.progress()?;
-            if done(self) {
-                return Ok(true);
-            }
-            if idle.tight() {
-                continue;
-            }
-            let left = match deadline {
-                None => None,
-                Some(d) => match d.checked_duration_since(Instant::now()) {
-                    Some(l) if !l.is_zero() => Some(l),
-                    _ => return Ok(done(self)),
-                },
-            };
-            let busy = self.eng.busy();
-            self.core
-                .idle_wait(&mut idle, busy, left, &|| "World::progress_until".into())?;
-        }
+        crate::progress::drive_until(self, timeout, done)
     }
 
     /// A descriptor that is readable when the world may have work: shared-memory
@@ -1049,6 +1026,21 @@ impl<C: Channel> World<C> {
                 .wait(Some((deadline - now).min(self.cfg.failure_check)))?;
         }
     }
+}
+
+impl<C: Channel> crate::progress::Driven for World<C> {
+    type Ch = C;
+    type Error = P2pError;
+    fn poll_once(&mut self) -> Result<usize, P2pError> {
+        self.progress()
+    }
+    fn busy(&mut self) -> bool {
+        self.eng.busy()
+    }
+    fn core_mut(&mut self) -> &mut Core<C> {
+        &mut self.core
+    }
+    const NAME: &'static str = "World::progress_until";
 }
 
 impl<C: Channel> NodeWaiter for World<C> {

@@ -230,30 +230,9 @@ impl<C: Channel> Core<C> {
     pub fn progress_until(
         &mut self,
         timeout: Option<Duration>,
-        mut done: impl FnMut(&mut Self) -> bool,
+        done: impl FnMut(&mut Self) -> bool,
     ) -> Result<bool, ChannelError> {
-        let deadline = timeout.map(|t| Instant::now() + t);
-        let mut idle = Idle::new();
-        loop {
-            if done(self) {
-                return Ok(true);
-            }
-            self.progress()?;
-            if done(self) {
-                return Ok(true);
-            }
-            if idle.tight() {
-                continue;
-            }
-            let left = match deadline {
-                None => None,
-                Some(d) => match d.checked_duration_since(Instant::now()) {
-                    Some(l) if !l.is_zero() => Some(l),
-                    _ => return Ok(done(self)),
-                },
-            };
-            self.idle_wait(&mut idle, false, left, &|| "progress_until".into())?;
-        }
+        drive_until(self, timeout, done)
     }
 
     /// A descriptor that is readable when a poll may find work (see
@@ -339,6 +318,70 @@ impl<C: Channel> Core<C> {
                 out: &mut self.out,
             },
         )
+    }
+}
+
+/// What [`drive_until`] moves on: a core, with whatever polls it.
+pub(crate) trait Driven {
+    /// The channel of the core.
+    type Ch: Channel;
+    /// What a poll fails with.
+    type Error: From<ChannelError>;
+    /// Polls once, moving every protocol on; how many packets came.
+    fn poll_once(&mut self) -> Result<usize, Self::Error>;
+    /// Whether work moves without packets, so waiting must not sleep.
+    fn busy(&mut self) -> bool;
+    /// The core.
+    fn core_mut(&mut self) -> &mut Core<Self::Ch>;
+    /// What a wait warning calls the call.
+    const NAME: &'static str;
+}
+
+impl<C: Channel> Driven for Core<C> {
+    type Ch = C;
+    type Error = ChannelError;
+    fn poll_once(&mut self) -> Result<usize, ChannelError> {
+        self.progress()
+    }
+    fn busy(&mut self) -> bool {
+        false
+    }
+    fn core_mut(&mut self) -> &mut Core<C> {
+        self
+    }
+    const NAME: &'static str = "Core::progress_until";
+}
+
+/// Polls `d` until `done` says so or `timeout` passes, waiting the channel's way in
+/// between; returns whether `done` said so.
+pub(crate) fn drive_until<D: Driven>(
+    d: &mut D,
+    timeout: Option<Duration>,
+    mut done: impl FnMut(&mut D) -> bool,
+) -> Result<bool, D::Error> {
+    let deadline = timeout.map(|t| Instant::now() + t);
+    let mut idle = Idle::new();
+    loop {
+        if done(d) {
+            return Ok(true);
+        }
+        d.poll_once()?;
+        if done(d) {
+            return Ok(true);
+        }
+        if idle.tight() {
+            continue;
+        }
+        let left = match deadline {
+            None => None,
+            Some(t) => match t.checked_duration_since(Instant::now()) {
+                Some(l) if !l.is_zero() => Some(l),
+                _ => return Ok(done(d)),
+            },
+        };
+        let busy = d.busy();
+        d.core_mut()
+            .idle_wait(&mut idle, busy, left, &|| D::NAME.into())?;
     }
 }
 
