@@ -90,6 +90,12 @@ start() {
     munge -n | unmunge >/dev/null
     # A fresh cluster every time: no job or node state from an earlier run.
     stop
+    for port in 16817 16818; do
+        if ss -Hltn "sport = :$port" 2>/dev/null | grep -q .; then
+            echo "slurm.sh: port $port is taken (another cluster of this kind? scripts/slurm.sh stop in its checkout)" >&2
+            exit 1
+        fi
+    done
     rm -rf "${dir:?}/ctld/"* "${dir:?}/d/"*
     slurmctld -f "$conf"
     slurmd -f "$conf"
