@@ -117,6 +117,7 @@ stop() {
         running "$f" || continue
         kill "$(cat "$f")" 2>/dev/null || true
         for _ in $(seq 1 50); do running "$f" || break; sleep 0.1; done
+        if running "$f"; then kill -9 "$(cat "$f")" 2>/dev/null || true; fi
     done
 }
 
