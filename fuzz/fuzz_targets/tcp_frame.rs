@@ -5,10 +5,12 @@
 
 use libfuzzer_sys::fuzz_target;
 use nemesis_net::tcp::{
-    FRAME_HEADER_LEN, Frame, decode_frame, decode_hello, decode_reply, encode_frame_header,
+    FRAME_HEADER_LEN, Frame, decode_challenge, decode_frame, decode_hello, decode_reply,
+    encode_frame_header,
 };
 
 fuzz_target!(|data: &[u8]| {
+    let _ = decode_challenge(data);
     let _ = decode_hello(data);
     let _ = decode_reply(data);
     // The first byte picks the largest payload the reader accepts.

@@ -24,6 +24,7 @@
 #![warn(missing_docs)]
 
 pub mod addr;
+pub mod auth;
 pub mod config;
 mod drops;
 pub mod reliable;
@@ -158,9 +159,10 @@ pub struct Identity {
     pub rank: u32,
     /// Ranks in the job.
     pub size: u32,
-    /// A secret shared by the job's processes: a connection or datagram without it is
-    /// refused, so two jobs never mix.
-    pub job_key: u64,
+    /// A secret shared by the job's processes. Connections and datagrams prove they
+    /// hold it without carrying it ([`auth`]); whatever cannot is refused, so two jobs
+    /// never mix and a stranger cannot join.
+    pub job_key: auth::JobKey,
     /// The address to bind and publish (see [`addr::choose`]).
     pub addr: std::net::IpAddr,
 }

@@ -19,7 +19,7 @@
 //! | 3      | 1    | kind: 1 DATA, 2 ACK, 3 NACK                                        |
 //! | 4      | 1    | flags: [`FLAG_FIRST`], [`FLAG_LAST`], [`FLAG_BYE`], [`FLAG_PING`]  |
 //! | 5      | 3    | reserved, zero                                                     |
-//! | 8      | 8    | job key                                                            |
+//! | 8      | 8    | token: [`JobKey::token`] of (source, destination)                  |
 //! | 16     | 4    | source rank                                                        |
 //! | 20     | 4    | destination rank                                                   |
 //! | 24     | 4    | seq: DATA the segment's number, NACK the first missing one, ACK 0  |
@@ -36,7 +36,7 @@
 //! # Memory
 //!
 //! The state of a peer is made on first contact, in either direction, once its address
-//! checks out. It is one boxed, fixed-size struct (under 300 bytes) plus what is in
+//! checks out. It is one boxed, fixed-size struct (under 320 bytes) plus what is in
 //! flight: the copies of unacknowledged segments (at most a window and one message), the
 //! segments received ahead of a gap (fewer than a window) and one message being
 //! reassembled. All three are freed as soon as they empty, so once everything is
@@ -44,6 +44,7 @@
 //! of peers or with the traffic so far. The endpoint keeps 12 bytes per rank of the job
 //! (a slot and room in the timer list, both allocated up front) and one receive buffer.
 
+use crate::auth::JobKey;
 use crate::{Accept, DropReason, Drops, Envelope, NetError, NetStats};
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -150,8 +151,9 @@ pub struct Header {
     pub kind: Kind,
     /// `FLAG_*` bits.
     pub flags: u8,
-    /// The job's secret.
-    pub job_key: u64,
+    /// The pair's token, [`JobKey::token`]`(src, dst)`: only a holder of the job's key
+    /// can make it, and it admits no other pair's traffic.
+    pub token: u64,
     /// Sender's rank.
     pub src: u32,
     /// Receiver's rank.
@@ -187,7 +189,7 @@ pub fn encode_header(h: &Header, out: &mut [u8; MAX_HEADER_LEN]) -> usize {
     out[3] = h.kind as u8;
     out[4] = h.flags;
     out[5..8].fill(0);
-    out[8..16].copy_from_slice(&h.job_key.to_le_bytes());
+    out[8..16].copy_from_slice(&h.token.to_le_bytes());
     out[16..20].copy_from_slice(&h.src.to_le_bytes());
     out[20..24].copy_from_slice(&h.dst.to_le_bytes());
     out[24..28].copy_from_slice(&h.seq.to_le_bytes());
@@ -244,7 +246,7 @@ pub fn decode_header(buf: &[u8]) -> Result<Header, DropReason> {
     let mut h = Header {
         kind,
         flags,
-        job_key: u64_at(a, 8),
+        token: u64_at(a, 8),
         src: u32_at(a, 16),
         dst: u32_at(a, 20),
         seq: u32_at(a, 24),
@@ -333,7 +335,7 @@ impl Default for ReliableConfig {
 struct Tuned {
     me: u32,
     size: u32,
-    job_key: u64,
+    key: JobKey,
     window: u32,
     max_message: usize,
     /// Data bytes in a first segment and in any other.
@@ -397,6 +399,9 @@ struct Reasm {
 #[derive(Debug)]
 struct Peer<A> {
     addr: A,
+    /// The tokens of our datagrams to it and of its datagrams to us.
+    tok_out: u64,
+    tok_in: u64,
     standing: Standing,
     // Sending.
     /// Sequence number of `queue[0]`, the oldest unacknowledged segment.
@@ -428,9 +433,11 @@ struct Peer<A> {
 }
 
 impl<A: Copy> Peer<A> {
-    fn new(addr: A, t: &Tuned) -> Self {
+    fn new(addr: A, rank: u32, t: &Tuned) -> Self {
         Self {
             addr,
+            tok_out: t.key.token(t.me, rank),
+            tok_in: t.key.token(rank, t.me),
             standing: Standing::Active,
             una: t.initial_seq,
             sent: 0,
@@ -760,7 +767,7 @@ fn send_control<D: Datagram>(
     dg: &mut D,
     t: &Tuned,
     rank: u32,
-    to: D::Addr,
+    to: (D::Addr, u64),
     kind: Kind,
     seq: u32,
     ack: u32,
@@ -769,7 +776,7 @@ fn send_control<D: Datagram>(
     let h = Header {
         kind,
         flags: 0,
-        job_key: t.job_key,
+        token: to.1,
         src: t.me,
         dst: rank,
         seq,
@@ -779,7 +786,7 @@ fn send_control<D: Datagram>(
     };
     let mut b = [0u8; MAX_HEADER_LEN];
     let n = encode_header(&h, &mut b);
-    dg.send_to(&[&b[..n]], to)
+    dg.send_to(&[&b[..n]], to.0)
 }
 
 /// Sends `p.queue[i]` with the current acknowledgement; `Ok(false)`: no room.
@@ -792,14 +799,14 @@ fn transmit<D: Datagram>(
     now: u64,
 ) -> io::Result<bool> {
     let seq = p.una.wrapping_add(i as u32);
-    let (addr, ack) = (p.addr, p.expected);
+    let (addr, ack, token) = (p.addr, p.expected, p.tok_out);
     let Some(seg) = p.queue.get_mut(i) else {
         return Ok(false);
     };
     let h = Header {
         kind: Kind::Data,
         flags: seg.flags,
-        job_key: t.job_key,
+        token,
         src: t.me,
         dst: rank,
         seq,
@@ -852,7 +859,7 @@ fn send_ack<D: Datagram>(
     now: u64,
     blocked: &mut bool,
 ) -> io::Result<()> {
-    if send_control(dg, t, rank, p.addr, Kind::Ack, 0, p.expected, 0)? {
+    if send_control(dg, t, rank, (p.addr, p.tok_out), Kind::Ack, 0, p.expected, 0)? {
         p.rx_unacked = 0;
     } else {
         *blocked = true;
@@ -895,7 +902,16 @@ fn send_nack<D: Datagram>(
     {
         return Ok(());
     }
-    if send_control(dg, t, rank, p.addr, Kind::Nack, expected, expected, gap)? {
+    if send_control(
+        dg,
+        t,
+        rank,
+        (p.addr, p.tok_out),
+        Kind::Nack,
+        expected,
+        expected,
+        gap,
+    )? {
         p.nacked = Some((expected, now));
         p.rx_unacked = 0;
     } else {
@@ -924,7 +940,7 @@ fn peer_entry<'a, A: Copy>(
     let slot = peers.get_mut(rank as usize).ok_or(bad)?;
     if slot.is_none() {
         let addr = resolve(rank)?;
-        *slot = Some(Box::new(Peer::new(addr, t)));
+        *slot = Some(Box::new(Peer::new(addr, rank, t)));
     }
     slot.as_deref_mut()
         .ok_or(NetError::InvalidRank { rank, size: t.size })
@@ -1001,7 +1017,7 @@ impl<D: Datagram> Reliable<D> {
         dg: D,
         me: u32,
         size: u32,
-        job_key: u64,
+        key: JobKey,
         cfg: ReliableConfig,
         resolve: Box<dyn FnMut(u32) -> Result<D::Addr, NetError> + Send>,
     ) -> Result<Self, NetError> {
@@ -1054,7 +1070,7 @@ impl<D: Datagram> Reliable<D> {
         let t = Tuned {
             me,
             size,
-            job_key,
+            key,
             window: cfg.window,
             max_message: cfg.max_message,
             first_room: max_datagram - MAX_HEADER_LEN,
@@ -1277,11 +1293,24 @@ impl<D: Datagram> Reliable<D> {
             Err(r) => return self.drop_it(r, format_args!("{} bytes from {from:?}", d.len())),
         };
         let t = &self.t;
-        if h.job_key != t.job_key {
-            return self.drop_it(WrongJob, format_args!("key {:#x} from {from:?}", h.job_key));
-        }
         if h.dst != t.me || h.src >= t.size || h.src == t.me {
             return self.drop_it(BadRank, format_args!("{} -> {} from {from:?}", h.src, h.dst));
+        }
+        let rank = h.src;
+        let known = self
+            .peers
+            .get(rank as usize)
+            .and_then(|s| s.as_deref())
+            .map(|p| (p.addr, p.tok_in));
+        let expected = match known {
+            Some((_, tok)) => tok,
+            None => t.key.token(rank, t.me),
+        };
+        if h.token != expected {
+            return self.drop_it(
+                WrongJob,
+                format_args!("rank {} from {from:?} without the pair's token", h.src),
+            );
         }
         if h.start.is_some_and(|s| s.total as usize > t.max_message) {
             return self.drop_it(
@@ -1289,15 +1318,9 @@ impl<D: Datagram> Reliable<D> {
                 format_args!("a message of {:?} from {from:?}", h.start),
             );
         }
-        let rank = h.src;
-        let known = self
-            .peers
-            .get(rank as usize)
-            .and_then(|s| s.as_deref())
-            .map(|p| p.addr);
         // A peer first heard of now is stored only if its datagram passes.
         let mut fresh = None;
-        match known {
+        match known.map(|(addr, _)| addr) {
             Some(a) if a == from => {}
             Some(a) => {
                 return self.drop_it(
@@ -1306,7 +1329,7 @@ impl<D: Datagram> Reliable<D> {
                 );
             }
             None => match (self.resolve)(rank) {
-                Ok(a) if a == from => fresh = Some(Box::new(Peer::new(a, &self.t))),
+                Ok(a) if a == from => fresh = Some(Box::new(Peer::new(a, rank, &self.t))),
                 Ok(a) => {
                     return self.drop_it(
                         UnknownAddress,
@@ -1697,7 +1720,7 @@ mod tests {
     use proptest::prelude::*;
 
     const BASE: u32 = 100;
-    const JOB: u64 = 0x5eed_f10b;
+    const JOB: JobKey = JobKey::from_bytes([0xf1; crate::auth::KEY_LEN]);
 
     type Got = Vec<(u32, Envelope, Vec<u8>)>;
 
@@ -1907,7 +1930,7 @@ mod tests {
         ) {
             let h = Header {
                 kind: [Kind::Data, Kind::Ack, Kind::Nack][kind as usize - 1],
-                flags, job_key: 7, src: 1, dst: 2, seq, ack: seq, count,
+                flags, token: 7, src: 1, dst: 2, seq, ack: seq, count,
                 start: (flags & FLAG_FIRST != 0).then_some(Start { env: [1, 2], total: count }),
             };
             let mut b = [0u8; MAX_HEADER_LEN];
@@ -1923,7 +1946,7 @@ mod tests {
 
         #[test]
         fn headers_round_trip(
-            kind in 0usize..3, flag_pick in 0usize..6, job_key in any::<u64>(), src in any::<u32>(),
+            kind in 0usize..3, flag_pick in 0usize..6, token in any::<u64>(), src in any::<u32>(),
             dst in any::<u32>(), seq in any::<u32>(), ack in any::<u32>(), count in 1u32..300,
             env in any::<[u64; 2]>(), extra in 0u32..300,
         ) {
@@ -1941,7 +1964,7 @@ mod tests {
                     (flags, count, start, seq, ack)
                 }
             };
-            let h = Header { kind, flags, job_key, src, dst, seq, ack, count, start };
+            let h = Header { kind, flags, token, src, dst, seq, ack, count, start };
             let mut b = [0u8; MAX_HEADER_LEN];
             let n = encode_header(&h, &mut b);
             prop_assert_eq!(n, h.encoded_len());
@@ -2298,7 +2321,7 @@ mod tests {
             let h = Header {
                 kind: Kind::Data,
                 flags,
-                job_key: JOB,
+                token: JOB.token(0, 1),
                 src: 0,
                 dst: 1,
                 seq,
@@ -2438,7 +2461,7 @@ mod tests {
             &Header {
                 kind: Kind::Nack,
                 flags: 0,
-                job_key: JOB,
+                token: JOB.token(1, 0),
                 src: 1,
                 dst: 0,
                 seq: 1,
@@ -2483,7 +2506,12 @@ mod tests {
         let good = Raw::data(1001, 1000, FLAG_FIRST | FLAG_LAST, 3, b"yes");
         let hdr = |f: &dyn Fn(&mut Header)| {
             let mut h = decode_header(&good).unwrap();
+            let token = h.token;
             f(&mut h);
+            // A header bent elsewhere carries its pair's token, to reach the check meant.
+            if h.token == token {
+                h.token = JOB.token(h.src, h.dst);
+            }
             Raw::datagram(&h, b"yes")
         };
         let mut oversized = Raw::data(1001, 1000, FLAG_FIRST | FLAG_LAST, 141, &[1; 141]);
@@ -2500,7 +2528,10 @@ mod tests {
             (Oversized, BASE, std::mem::take(&mut oversized)),
             (BadMagic, BASE, magic),
             (BadMagic, BASE, version),
-            (WrongJob, BASE, hdr(&|h| h.job_key ^= 1)),
+            (WrongJob, BASE, hdr(&|h| h.token ^= 1)),
+            // Another pair's token: what a datagram captured elsewhere in the job carries.
+            (WrongJob, BASE, hdr(&|h| h.token = JOB.token(1, 0))),
+            (WrongJob, BASE, hdr(&|h| h.token = JOB.token(0, 2))),
             (BadRank, BASE, hdr(&|h| h.dst = 2)),
             (BadRank, BASE, hdr(&|h| h.src = 3)),
             (BadRank, BASE, hdr(&|h| h.src = 1)),
@@ -2574,7 +2605,7 @@ mod tests {
 
     #[test]
     fn peer_state_is_small_and_fixed() {
-        assert!(std::mem::size_of::<Peer<std::net::SocketAddr>>() < 300);
+        assert!(std::mem::size_of::<Peer<std::net::SocketAddr>>() < 320);
     }
 
     #[test]

@@ -288,7 +288,7 @@ impl UdpNetmod {
         epoll
             .ctl(libc::EPOLL_CTL_ADD, dg.sock.as_raw_fd(), libc::EPOLLIN as u32, 0)
             .map_err(|e| NetError::io("udp: epoll_ctl", e))?;
-        let rel = Reliable::new(dg, id.rank, id.size, id.job_key, cfg.reliable, resolve)?;
+        let rel = Reliable::new(dg, id.rank, id.size, id.job_key.clone(), cfg.reliable, resolve)?;
         Ok(Self {
             rel,
             card: addr::encode_card("udp", local),
@@ -451,7 +451,7 @@ mod tests {
     use std::net::Ipv4Addr;
     use std::sync::{Arc, Mutex};
 
-    const JOB: u64 = 0xfeed_beef;
+    const JOB: crate::auth::JobKey = crate::auth::JobKey::from_bytes([0xfe; crate::auth::KEY_LEN]);
 
     /// Cards every netmod of a test shares, filled in once all are bound.
     #[derive(Clone, Default)]
@@ -666,11 +666,11 @@ mod tests {
         let mut nms = job(2, &UdpConfig::default());
         let target: SocketAddr = addr::decode_card("udp", 0, &nms[0].business_card()).unwrap();
         let raw = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let datagram = |job_key| {
+        let datagram = |token| {
             let h = Header {
                 kind: Kind::Data,
                 flags: FLAG_FIRST | FLAG_LAST,
-                job_key,
+                token,
                 src: 1,
                 dst: 0,
                 seq: 0,
@@ -687,13 +687,15 @@ mod tests {
             v.extend_from_slice(b"hi");
             v
         };
-        raw.send_to(&datagram(JOB ^ 1), target).unwrap();
+        raw.send_to(&datagram(JOB.token(1, 0) ^ 1), target).unwrap();
+        // The token of the other direction, as a captured datagram of rank 0's carries.
+        raw.send_to(&datagram(JOB.token(0, 1)), target).unwrap();
         // Well formed, from rank 1, but not from rank 1's address.
-        raw.send_to(&datagram(JOB), target).unwrap();
+        raw.send_to(&datagram(JOB.token(1, 0)), target).unwrap();
         let mut got: Vec<Got> = vec![Vec::new(), Vec::new()];
-        pump(&mut nms, &mut got, 10, |n, _| n[0].stats().drops.total() == 2);
+        pump(&mut nms, &mut got, 10, |n, _| n[0].stats().drops.total() == 3);
         let d = nms[0].stats().drops;
-        assert_eq!(d.count(DropReason::WrongJob), 1);
+        assert_eq!(d.count(DropReason::WrongJob), 2);
         assert_eq!(d.count(DropReason::UnknownAddress), 1);
         assert!(got[0].is_empty());
         // The real rank 1 still gets through, with the same sequence number.

@@ -28,7 +28,7 @@ fn job(name: &str, n: u32) -> Vec<Box<dyn Netmod>> {
             let id = Identity {
                 rank,
                 size: n,
-                job_key: 0x5eed,
+                job_key: nemesis_net::auth::JobKey::from_bytes([0x5e; 32]),
                 addr: IpAddr::V4(Ipv4Addr::LOCALHOST),
             };
             nemesis_net::open(name, id, Box::new(table.clone()), &none).unwrap()

@@ -12,6 +12,7 @@ pub mod wire;
 
 pub use pmi::{Maxes, PmiClient, PmiError};
 
+use nemesis_net::auth::JobKey;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
@@ -253,8 +254,14 @@ impl Boot {
         }
         if rank == 0 {
             // Only the job's processes can read the key-value space, so a key drawn here
-            // and shown by every network connection or datagram proves membership.
-            pmi.put(JOB_KEY, &format!("{:016x}", random_job_id()))?;
+            // is theirs alone; connections and datagrams prove they hold it without
+            // carrying it.
+            let key = JobKey::random().map_err(|e| BootError::Invalid {
+                var: "the kernel's random source",
+                value: String::new(),
+                reason: format!("cannot draw the job's network key: {e}"),
+            })?;
+            pmi.put(JOB_KEY, &key.to_hex())?;
         }
         pmi.barrier()?;
         let segment = pmi.get(&segment_key(leader))?.ok_or(BootError::Missing {
@@ -297,19 +304,20 @@ impl Boot {
 
     /// The job's network key: a secret that only the job's processes know, drawn by
     /// rank 0 at start-up. A singleton draws its own.
-    pub fn job_key(&mut self) -> Result<u64, BootError> {
+    pub fn job_key(&mut self) -> Result<JobKey, BootError> {
+        let unreadable = BootError::Missing {
+            rank: 0,
+            what: "network key (not 64 hexadecimal digits)",
+        };
         let Some(p) = self.pmi.as_mut() else {
-            return Ok(random_job_id());
+            return JobKey::random().map_err(|_| unreadable);
         };
         let missing = BootError::Missing {
             rank: 0,
             what: "network key",
         };
         let v = p.get(JOB_KEY)?.ok_or(missing)?;
-        u64::from_str_radix(v.trim(), 16).map_err(|_| BootError::Missing {
-            rank: 0,
-            what: "network key (unreadable)",
-        })
+        JobKey::from_hex(&v).map_err(|_| unreadable)
     }
 
     /// Waits for every rank (a no-op for a singleton).

@@ -102,7 +102,7 @@ mod tests {
             let id = Identity {
                 rank: r,
                 size: 3,
-                job_key: 7,
+                job_key: nemesis_net::auth::JobKey::from_bytes([7; 32]),
                 addr: IpAddr::V4(Ipv4Addr::LOCALHOST),
             };
             nemesis_net::open("tcp", id, Box::new(table.clone()), &none).unwrap()

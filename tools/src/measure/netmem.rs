@@ -37,8 +37,15 @@ fn endpoint(net: &SimNet, rank: u32, size: u32) -> Result<Endpoint> {
         timeout: Duration::from_secs(60),
         ..ReliableConfig::default()
     };
-    Reliable::new(net.socket(rank), rank, size, 0x6e65_6d65, cfg, Box::new(Ok))
-        .map_err(|e| MeasureError::Other(format!("simulated endpoint {rank}: {e}")))
+    Reliable::new(
+        net.socket(rank),
+        rank,
+        size,
+        nemesis::net::auth::JobKey::from_bytes([0x6e; 32]),
+        cfg,
+        Box::new(Ok),
+    )
+    .map_err(|e| MeasureError::Other(format!("simulated endpoint {rank}: {e}")))
 }
 
 /// Rank 0 of a job of `peers + 1` sends `rounds` rounds of [`UDP_MEMORY_SIZES`] messages
