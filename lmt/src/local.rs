@@ -217,11 +217,12 @@ impl LocalLmt {
         ok == Some(true)
     }
 
-    /// Checks a file name that came from the peer in a CTS.
+    /// Checks a file name that came from the peer in a CTS: it must be the one name the
+    /// peer makes for this pair, in this job, so nothing else can be opened through it.
     fn peer_file(&self, peer: u32, cookie: &[u8], kind: &str) -> Result<String, LmtError> {
-        let want = file_name("", kind, self.me, peer);
+        let want = file_name(&self.prefix, kind, self.me, peer);
         match std::str::from_utf8(cookie) {
-            Ok(n) if n.starts_with("nemesis-") && n.ends_with(&want) && !n.contains('/') => Ok(n.to_string()),
+            Ok(n) if n == want => Ok(want),
             _ => Err(LmtError::BadCookie {
                 peer,
                 why: format!(
@@ -548,7 +549,20 @@ mod tests {
     fn a_cts_naming_a_file_outside_the_pair_is_refused() {
         let dir = tmpdir("name");
         let (mut tx, _rx) = pair(&dir);
-        for bad in [&b"../../etc/passwd"[..], b"nemesis-x-lmt-ring-0-2", b"\xff", b""] {
+        let theirs = tx.peer_file(1, b"", "ring").unwrap_err().to_string();
+        let good = file_name(&tx.prefix, "ring", 0, 1);
+        assert!(theirs.contains("does not name"), "{theirs}");
+        let other_job = good.replacen("nemesis-", "nemesis-0", 1);
+        let up = format!("../{good}");
+        for bad in [
+            &b"../../etc/passwd"[..],
+            b"nemesis-x-lmt-ring-0-2",
+            b"nemesis-x-lmt-ring-0-1",
+            other_job.as_bytes(),
+            up.as_bytes(),
+            b"\xff",
+            b"",
+        ] {
             let e = tx.start_send(1, Strategy::Ring, bad, 100).unwrap_err();
             assert!(matches!(e, LmtError::BadCookie { peer: 1, .. }), "{e}");
         }

@@ -135,11 +135,20 @@ pub struct PipeOut {
 impl PipeOut {
     /// Opens the receiver's FIFO `dir/name` for writing and removes its name.
     pub fn open(dir: &Path, name: &str, peer: u32) -> Result<Self, LmtError> {
+        nemesis_shm::check_name(name).map_err(|e| LmtError::BadCookie {
+            peer,
+            why: e.to_string(),
+        })?;
         let path = dir.join(name);
         let c = cpath(&path).map_err(|e| io_err(peer, e))?;
         // SAFETY: a NUL-terminated path and plain flags. O_NONBLOCK fails with ENXIO,
-        // rather than waiting, if the reader is gone.
-        let fd = unsafe { libc::open(c.as_ptr(), libc::O_WRONLY | libc::O_NONBLOCK | libc::O_CLOEXEC) };
+        // rather than waiting, if the reader is gone; O_NOFOLLOW refuses a link.
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_WRONLY | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+            )
+        };
         if fd < 0 {
             return Err(io_err(peer, io::Error::last_os_error()));
         }
@@ -149,10 +158,16 @@ impl PipeOut {
         // SAFETY: fstat fills the buffer on success.
         let ok = unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) } == 0;
         // SAFETY: initialised by the successful fstat.
-        if !ok || unsafe { st.assume_init() }.st_mode & libc::S_IFMT != libc::S_IFIFO {
+        let st = ok.then(|| unsafe { st.assume_init() });
+        // In a directory anyone may write to, only a pipe of ours, closed to others, will do.
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        if !st.is_some_and(|st| {
+            st.st_mode & libc::S_IFMT == libc::S_IFIFO && st.st_uid == me && st.st_mode & 0o077 == 0
+        }) {
             return Err(LmtError::BadCookie {
                 peer,
-                why: format!("{} is not a pipe", path.display()),
+                why: format!("{} is not a pipe of ours, closed to other users", path.display()),
             });
         }
         let _ = std::fs::remove_file(&path);

@@ -1,6 +1,11 @@
 //! Files in shared memory that several processes map: made under a temporary name,
 //! reserved with `posix_fallocate` (so a full tmpfs is an error now, not a SIGBUS
 //! later), filled in, and only then published under their name, mode 0600.
+//!
+//! A name may come from another process (the key-value space, a peer's message), so
+//! it is checked before any path is made of it ([`check_name`]), and a file is opened
+//! only if it is a regular file, not a link, owned by us and closed to everyone else:
+//! in a directory anyone may write to, another user can make a file of any name first.
 
 use crate::error::ShmError;
 use std::ffi::CString;
@@ -79,6 +84,33 @@ impl From<ShmError> for CreateError {
     }
 }
 
+/// Longest file name this makes or opens.
+const MAX_NAME: usize = 200;
+
+/// Refuses a name that is not a plain file name of ours: every one starts with
+/// `nemesis-` and holds only letters, digits, `-`, `_` and `.` (no separators, no
+/// `..`), so a name from elsewhere can reach no other file.
+pub fn check_name(name: &str) -> Result<(), ShmError> {
+    let bad = |reason: &str| ShmError::Config {
+        var: "shared-memory file name",
+        value: name.chars().take(MAX_NAME).collect(),
+        reason: reason.into(),
+    };
+    if !name.starts_with("nemesis-") || name.len() > MAX_NAME {
+        return Err(bad("not a name nemesis makes: it must start with \"nemesis-\""));
+    }
+    if name.contains("..")
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+    {
+        return Err(bad(
+            "a file name holds only letters, digits, '-', '_' and '.', and no '..'",
+        ));
+    }
+    Ok(())
+}
+
 /// Creates `dir/name` of `len` zeroed bytes, lets `fill` write into its mapping, and
 /// publishes it under its name. Fails if the name exists.
 pub(crate) fn create(
@@ -87,6 +119,7 @@ pub(crate) fn create(
     len: usize,
     fill: impl FnOnce(&Mapping),
 ) -> Result<(Mapping, PathBuf), CreateError> {
+    check_name(name)?;
     let path = dir.join(name);
     let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     let needed = len as u64;
@@ -125,19 +158,31 @@ pub(crate) fn create(
     Ok((map, path))
 }
 
-/// Opens and maps an existing file whole; returns the mapping and the file's size.
-/// `Ok(None)` if it does not exist (yet).
-pub(crate) fn open(path: &Path, min_len: usize) -> Result<Option<Mapping>, ShmError> {
+/// Opens and maps the existing file `dir/name` whole. `Ok(None)` if it does not exist
+/// (yet).
+pub(crate) fn open(dir: &Path, name: &str, min_len: usize) -> Result<Option<Mapping>, ShmError> {
+    check_name(name)?;
+    let path = dir.join(name);
     let shown = path.display().to_string();
-    let file = match OpenOptions::new().read(true).write(true).open(path) {
+    let file = match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(&path)
+    {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(ShmError::NotASegment {
+                path: shown,
+                why: "a symbolic link",
+            });
+        }
         Err(e) => return Err(ShmError::io("open", &shown, e)),
     };
-    let size = file
-        .metadata()
-        .map_err(|e| ShmError::io("stat", &shown, e))?
-        .len() as usize;
+    let meta = file.metadata().map_err(|e| ShmError::io("stat", &shown, e))?;
+    check_ours(&meta, &shown)?;
+    let size = meta.len() as usize;
     if size < min_len {
         return Err(ShmError::NotASegment {
             path: shown,
@@ -145,6 +190,28 @@ pub(crate) fn open(path: &Path, min_len: usize) -> Result<Option<Mapping>, ShmEr
         });
     }
     Mapping::new(Some(&file), size, &shown).map(Some)
+}
+
+/// Refuses a file that is not a regular file of ours that only we may use.
+fn check_ours(meta: &std::fs::Metadata, shown: &str) -> Result<(), ShmError> {
+    use std::os::unix::fs::MetadataExt;
+    let not = |why| {
+        Err(ShmError::NotASegment {
+            path: shown.to_string(),
+            why,
+        })
+    };
+    if !meta.file_type().is_file() {
+        return not("not a regular file");
+    }
+    // SAFETY: geteuid has no preconditions.
+    if meta.uid() != unsafe { libc::geteuid() } {
+        return not("owned by another user");
+    }
+    if meta.mode() & 0o077 != 0 {
+        return not("open to other users (a file of ours is mode 0600)");
+    }
+    Ok(())
 }
 
 /// Bytes free for an unprivileged user on the file system of `dir`.
@@ -166,5 +233,87 @@ impl Drop for Unlinker {
         if let Some(p) = self.0.take() {
             let _ = std::fs::remove_file(p);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn tmpdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("nemesis-file-test-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn only_plain_names_of_ours_pass() {
+        for good in [
+            "nemesis-00000000000000ab-0",
+            "nemesis-x-lmt-ring-0-1",
+            "nemesis-a_b.c",
+        ] {
+            assert!(check_name(good).is_ok(), "{good}");
+        }
+        let long = format!("nemesis-{}", "a".repeat(300));
+        for bad in [
+            "../../x",
+            "nemesis-../x",
+            "nemesis-a/b",
+            "nemesis-..",
+            "/dev/shm/nemesis-1",
+            "nemesis-a b",
+            "nemesis-a\0b",
+            "nemesis-\u{e9}",
+            "x-nemesis-1",
+            "",
+            long.as_str(),
+        ] {
+            assert!(
+                matches!(check_name(bad), Err(ShmError::Config { .. })),
+                "{bad:?} passed"
+            );
+        }
+        let dir = tmpdir("names");
+        assert!(matches!(
+            open(&dir, "../../etc/passwd", 1),
+            Err(ShmError::Config { .. })
+        ));
+        assert!(create(&dir, "../escape", 4096, |_| {}).is_err());
+        assert!(!dir.parent().unwrap().join("escape").exists());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn only_a_regular_file_of_ours_closed_to_others_is_opened() {
+        let dir = tmpdir("ours");
+        let (_m, path) = create(&dir, "nemesis-good", 4096, |_| {}).unwrap();
+        assert!(open(&dir, "nemesis-good", 1).unwrap().is_some());
+        assert!(open(&dir, "nemesis-absent", 1).unwrap().is_none());
+        // A link to our own good file is still refused: a link is never followed.
+        std::os::unix::fs::symlink(&path, dir.join("nemesis-link")).unwrap();
+        let e = open(&dir, "nemesis-link", 1).unwrap_err();
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        // A file others may read or write.
+        std::fs::write(dir.join("nemesis-open"), [0u8; 4096]).unwrap();
+        std::fs::set_permissions(dir.join("nemesis-open"), std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = open(&dir, "nemesis-open", 1).unwrap_err();
+        assert!(e.to_string().contains("other users"), "{e}");
+        // Not a regular file.
+        std::fs::create_dir(dir.join("nemesis-dir")).unwrap();
+        assert!(open(&dir, "nemesis-dir", 1).is_err());
+        // Another user's file, where this test may make one.
+        let theirs = dir.join("nemesis-theirs");
+        std::fs::write(&theirs, [0u8; 4096]).unwrap();
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o600)).unwrap();
+        if std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).is_ok() {
+            let e = open(&dir, "nemesis-theirs", 1).unwrap_err();
+            assert!(e.to_string().contains("another user"), "{e}");
+        } else {
+            eprintln!("skipping the other user's file: cannot change a file's owner here");
+        }
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }

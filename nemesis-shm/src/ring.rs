@@ -339,7 +339,7 @@ mod file_ring {
         /// Maps the ring `dir/name` made by the peer; `Ok(None)` if it is not there.
         pub fn open(dir: &Path, name: &str) -> Result<Option<Self>, ShmError> {
             let path = dir.join(name);
-            let Some(map) = file::open(&path, PAD)? else {
+            let Some(map) = file::open(dir, name, PAD)? else {
                 return Ok(None);
             };
             let shown = path.display().to_string();
@@ -487,21 +487,23 @@ mod tests {
             slots: 3,
             slot_size: 8192,
         };
-        let a = RingFile::create(&dir, "r", geo).unwrap();
+        let a = RingFile::create(&dir, "nemesis-r", geo).unwrap();
         assert!(
-            RingFile::create(&dir, "r", geo).is_err(),
+            RingFile::create(&dir, "nemesis-r", geo).is_err(),
             "a second creation of one name"
         );
-        let b = RingFile::open(&dir, "r").unwrap().expect("the file is there");
+        let b = RingFile::open(&dir, "nemesis-r")
+            .unwrap()
+            .expect("the file is there");
         assert_eq!(b.geometry(), geo);
         a.unlink();
-        assert!(RingFile::open(&dir, "r").unwrap().is_none());
-        std::fs::write(dir.join("junk"), vec![0u8; 8192]).unwrap();
-        assert!(RingFile::open(&dir, "junk").is_err());
+        assert!(RingFile::open(&dir, "nemesis-r").unwrap().is_none());
+        std::fs::write(dir.join("nemesis-junk"), vec![0u8; 8192]).unwrap();
+        assert!(RingFile::open(&dir, "nemesis-junk").is_err());
         assert!(
             RingFile::create(
                 &dir,
-                "bad",
+                "nemesis-bad",
                 RingGeometry {
                     slots: 2,
                     slot_size: 1000

@@ -373,7 +373,7 @@ impl Segment {
         let shown = path.display().to_string();
         let mut delay = Duration::from_micros(200);
         let map = loop {
-            match file::open(&path, size_of::<Control>())? {
+            match file::open(&spec.dir, &spec.name, size_of::<Control>())? {
                 Some(m) => break m,
                 None if Instant::now() >= deadline => {
                     return Err(ShmError::Timeout {
@@ -956,12 +956,21 @@ mod tests {
             Segment::attach(&count, Instant::now()).unwrap_err(),
             ShmError::WrongJob { .. }
         ));
-        std::fs::write(dir.join("garbage"), vec![7u8; 4096]).unwrap();
+        std::fs::write(dir.join("nemesis-garbage"), vec![7u8; 4096]).unwrap();
+        std::fs::set_permissions(
+            dir.join("nemesis-garbage"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .unwrap();
         let mut g = s.clone();
-        g.name = "garbage".into();
+        g.name = "nemesis-garbage".into();
+        let e = Segment::attach(&g, Instant::now()).unwrap_err();
+        assert!(e.to_string().contains("magic"), "{e}");
+        // A name that would reach outside the directory is refused before any path is made.
+        g.name = format!("../{}", s.name);
         assert!(matches!(
             Segment::attach(&g, Instant::now()).unwrap_err(),
-            ShmError::NotASegment { .. }
+            ShmError::Config { .. }
         ));
     }
 

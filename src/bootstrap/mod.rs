@@ -246,11 +246,9 @@ impl Boot {
         }
         let job_id = job_id_of(pmi.kvsname());
         let leader = local_ranks[0];
+        let segment_name = nemesis_shm::config::segment_name(job_id, leader);
         if rank == leader {
-            pmi.put(
-                &segment_key(leader),
-                &nemesis_shm::config::segment_name(job_id, leader),
-            )?;
+            pmi.put(&segment_key(leader), &segment_name)?;
         }
         if rank == 0 {
             // Only the job's processes can read the key-value space, so a key drawn here
@@ -268,6 +266,14 @@ impl Boot {
             rank: leader,
             what: "segment name",
         })?;
+        // The name becomes a path: only the one name this job would make will do.
+        if segment != segment_name {
+            return Err(BootError::Invalid {
+                var: "the node's segment name in the key-value space",
+                value: segment.chars().take(200).collect(),
+                reason: format!("this job names its segment {segment_name:?}"),
+            });
+        }
         let local_index = local_ranks.iter().position(|&r| r == rank).unwrap_or(0) as u32;
         let info = BootInfo {
             rank,
@@ -448,6 +454,73 @@ pub fn random_job_id() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a process manager says to a job of one through start-up, with `segment` as
+    /// the node's segment name and `key` as the network key.
+    fn start_up(segment: &str, key: &str) -> Vec<Option<String>> {
+        [
+            "cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=0",
+            "cmd=maxes kvsname_max=256 keylen_max=64 vallen_max=1024",
+            "cmd=my_kvsname kvsname=kvs_hostile",
+            "cmd=put_result rc=0",
+            "cmd=barrier_out",
+            "cmd=put_result rc=0",
+            "cmd=put_result rc=0",
+            "cmd=barrier_out",
+            &format!("cmd=get_result rc=0 value={segment}"),
+            &format!("cmd=get_result rc=0 value={key}"),
+        ]
+        .into_iter()
+        .map(|l| Some(format!("{l}\n")))
+        .collect()
+    }
+
+    fn boot(replies: Vec<Option<String>>) -> Result<Boot, BootError> {
+        let sock = pmi::scripted(replies);
+        Boot::with_client(
+            PmiClient::from_socket(sock, 0, 1, Duration::from_secs(5)),
+            Duration::from_secs(5),
+        )
+    }
+
+    #[test]
+    fn a_segment_name_the_job_would_not_make_is_refused() {
+        let ours = nemesis_shm::config::segment_name(job_id_of("kvs_hostile"), 0);
+        let key = JobKey::random().unwrap().to_hex();
+        let mut b = boot(start_up(&ours, &key)).unwrap();
+        assert_eq!(b.info.segment, ours);
+        assert_eq!(b.job_key().unwrap(), JobKey::from_hex(&key).unwrap());
+        let other_job = nemesis_shm::config::segment_name(job_id_of("kvs_other"), 0);
+        let other_node = nemesis_shm::config::segment_name(job_id_of("kvs_hostile"), 1);
+        for hostile in [
+            "../../x",
+            "/etc/passwd",
+            &format!("../{ours}"),
+            &format!("{ours}/x"),
+            &other_job,
+            &other_node,
+        ] {
+            match boot(start_up(hostile, &key)) {
+                Err(e @ BootError::Invalid { .. }) => {
+                    assert!(e.to_string().contains("segment name"), "{e}")
+                }
+                other => panic!("{hostile:?} was taken: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_network_key_that_is_not_one_is_refused() {
+        let ours = nemesis_shm::config::segment_name(job_id_of("kvs_hostile"), 0);
+        let short = "ab".repeat(31);
+        for hostile in ["0", "zz", short.as_str(), "../../x"] {
+            let mut b = boot(start_up(&ours, hostile)).unwrap();
+            assert!(
+                matches!(b.job_key(), Err(BootError::Missing { rank: 0, .. })),
+                "{hostile:?} was taken as a key"
+            );
+        }
+    }
 
     fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
         move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())

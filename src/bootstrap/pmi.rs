@@ -563,37 +563,38 @@ impl PmiClient {
     }
 }
 
+/// A process manager that answers each request with the next scripted reply (`None`:
+/// say nothing; "CLOSE": hang up), for tests of what a client makes of what it hears.
+#[cfg(test)]
+pub(crate) fn scripted<S: AsRef<str> + Send + 'static>(replies: Vec<Option<S>>) -> UnixStream {
+    use std::io::{BufRead, BufReader};
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(theirs.try_clone().unwrap());
+        let mut w = theirs;
+        for reply in replies {
+            let mut line = String::new();
+            if r.read_line(&mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            match reply.as_ref().map(AsRef::as_ref) {
+                Some("CLOSE") => return,
+                Some(text) => {
+                    let _ = w.write_all(text.as_bytes());
+                }
+                None => {}
+            }
+        }
+        // Keep the socket open until the client gives up.
+        let mut sink = String::new();
+        let _ = r.read_line(&mut sink);
+    });
+    ours
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::{BufRead, BufReader};
-
-    /// A process manager that answers each request with the next scripted reply
-    /// (`None`: say nothing; "CLOSE": hang up).
-    fn scripted(replies: Vec<Option<&'static str>>) -> UnixStream {
-        let (ours, theirs) = UnixStream::pair().unwrap();
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(theirs.try_clone().unwrap());
-            let mut w = theirs;
-            for reply in replies {
-                let mut line = String::new();
-                if r.read_line(&mut line).unwrap_or(0) == 0 {
-                    return;
-                }
-                match reply {
-                    Some("CLOSE") => return,
-                    Some(text) => {
-                        let _ = w.write_all(text.as_bytes());
-                    }
-                    None => {}
-                }
-            }
-            // Keep the socket open until the client gives up.
-            let mut sink = String::new();
-            let _ = r.read_line(&mut sink);
-        });
-        ours
-    }
 
     const INIT_OK: [Option<&str>; 3] = [
         Some("cmd=response_to_init pmi_version=1 pmi_subversion=1 rc=0\n"),

@@ -113,7 +113,9 @@ impl ShmChannel {
         local_index: u32,
         policy: WaitPolicy,
     ) -> Result<Self, ChannelError> {
-        let job_id = crate::bootstrap::random_job_id();
+        // Every user of the segment must name its large-transfer files alike, and no user
+        // of another segment may: the segment's own random key is both.
+        let job_id = seg.wake_key();
         Self::from_segment_of_job(seg, rank, size, local_ranks, local_index, policy, job_id)
     }
 

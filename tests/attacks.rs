@@ -1,0 +1,141 @@
+//! What a stranger on the same machine tries against a job, each made to happen by a
+//! second process (this test, as the same user), and each failing the test if the attack
+//! succeeds: idle connections to the ranks' listeners, a connection to `nemesis-run`'s
+//! PMI port, and `kill -9` of the launcher in the middle of start-up.
+
+mod common;
+
+use common::{child_args, child_main, leftovers, nemesis_run, shm_dir, text};
+use nemesis::Op;
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Waits for `path` to exist, up to `limit`.
+fn wait_for(path: &Path, limit: Duration) -> bool {
+    let start = Instant::now();
+    while !path.exists() {
+        if start.elapsed() > limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    true
+}
+
+/// Raises this process's soft descriptor limit to its hard limit, for the connections
+/// the test holds.
+fn raise_fd_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid out-pointer; setrlimit reads what getrlimit wrote.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+        lim.rlim_cur = lim.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+    }
+    lim.rlim_cur
+}
+
+#[test]
+#[ignore = "child process of the multi-process tests"]
+fn child_flooded() {
+    child_main(|| {
+        let mut w = nemesis::init().map_err(|e| e.to_string())?;
+        let c = w.comm();
+        let (r, n) = (w.rank(), w.size());
+        let dir = PathBuf::from(std::env::var("FLOOD_DIR").map_err(|e| e.to_string())?);
+        let card = w.channel().netmod().ok_or("no netmod")?.business_card();
+        let addr = nemesis::net::addr::decode_card("tcp", r, &card).map_err(|e| e.to_string())?;
+        // Written whole under another name, then renamed: the reader sees all or nothing.
+        let tmp = dir.join(format!(".card-{r}"));
+        std::fs::write(&tmp, addr.to_string()).map_err(|e| e.to_string())?;
+        std::fs::rename(&tmp, dir.join(format!("card-{r}"))).map_err(|e| e.to_string())?;
+        // No rank has connected to another yet: the strangers come first.
+        if !wait_for(&dir.join("go"), Duration::from_secs(120)) {
+            return Err("no go".into());
+        }
+        let mut sum = [r as u64 + 1];
+        w.allreduce(&c, &mut sum, Op::Sum).map_err(|e| e.to_string())?;
+        let want = (n as u64) * (n as u64 + 1) / 2;
+        if sum[0] != want {
+            return Err(format!("allreduce gave {}, not {want}", sum[0]));
+        }
+        for _ in 0..20 {
+            w.barrier(&c).map_err(|e| e.to_string())?;
+        }
+        println!("rank {r} came through");
+        Ok(())
+    });
+}
+
+/// A job of 4 ranks over tcp starts while this process holds 4,000 connections to the
+/// ranks' listeners that never say a word, more than a rank may hold descriptors; the
+/// job completes well within the network timeout.
+#[test]
+fn idle_connections_do_not_keep_a_tcp_job_from_starting() {
+    let have = raise_fd_limit();
+    if have < 4_500 {
+        eprintln!("skipping: only {have} descriptors may be open here");
+        return;
+    }
+    let shm = shm_dir("flood");
+    let dir = shm_dir("flood-cards");
+    let mut run = Command::new(nemesis_run());
+    run.args(["-n", "4", "--timeout", "120", "--"])
+        .args(child_args("flooded"))
+        .env("NEM_TEST_CHILD", "1")
+        .env("NEMESIS_SHM_DIR", &shm)
+        .env("NEMESIS_NETMOD", "tcp")
+        .env("NEMESIS_NO_SHM", "1")
+        .env("FLOOD_DIR", &dir)
+        // A peer that is kept waiting fails the job within 4 s.
+        .env("NEMESIS_NET_TIMEOUT", "4")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // The ranks may hold fewer descriptors than there are strangers.
+    // SAFETY: setrlimit is async-signal-safe and `lim` is a valid struct.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        run.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: 512,
+                rlim_max: 512,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let job = run.spawn().unwrap();
+    let mut addrs: Vec<SocketAddr> = Vec::new();
+    for r in 0..4 {
+        let card = dir.join(format!("card-{r}"));
+        if !wait_for(&card, Duration::from_secs(60)) {
+            panic!(
+                "rank {r} published no card: {}",
+                text(&job.wait_with_output().unwrap())
+            );
+        }
+        addrs.push(std::fs::read_to_string(&card).unwrap().parse().unwrap());
+    }
+    let strangers: Vec<TcpStream> = (0..4_000)
+        .map(|i| TcpStream::connect(addrs[i % 4]).expect("a stranger's connection"))
+        .collect();
+    std::fs::write(dir.join("go"), b"").unwrap();
+    let out = job.wait_with_output().unwrap();
+    drop(strangers);
+    common::assert_ranks_said(&out, "came through", 4, "a job flooded with idle connections");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("sent no hello"),
+        "the ranks did not count the strangers they closed:\n{stderr}"
+    );
+    assert!(leftovers(&shm).is_empty());
+    let _ = std::fs::remove_dir_all(&shm);
+    let _ = std::fs::remove_dir_all(&dir);
+}
