@@ -139,3 +139,132 @@ fn idle_connections_do_not_keep_a_tcp_job_from_starting() {
     let _ = std::fs::remove_dir_all(&shm);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+#[ignore = "child process of the multi-process tests"]
+fn child_waits_for_go() {
+    child_main(|| {
+        let mut w = nemesis::init().map_err(|e| e.to_string())?;
+        let c = w.comm();
+        let dir = PathBuf::from(std::env::var("ATTACK_DIR").map_err(|e| e.to_string())?);
+        std::fs::write(dir.join(format!("ready-{}", w.rank())), b"").map_err(|e| e.to_string())?;
+        if !wait_for(&dir.join("go"), Duration::from_secs(120)) {
+            return Err("no go".into());
+        }
+        w.barrier(&c).map_err(|e| e.to_string())?;
+        println!("rank {} came through", w.rank());
+        Ok(())
+    });
+}
+
+/// The value that follows `flag` on the command line of a process whose command line
+/// also holds `with`, as `ps` shows it to anyone on the machine.
+fn from_a_command_line(flag: &str, with: &str) -> Option<String> {
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(raw) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = raw
+            .split(|&b| b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if !args.iter().any(|a| a.contains(with)) {
+            continue;
+        }
+        if let Some(i) = args.iter().position(|a| a == flag) {
+            return args.get(i + 1).cloned();
+        }
+    }
+    None
+}
+
+/// Whether any process's command line holds a word that looks like a secret: 64
+/// hexadecimal digits.
+fn a_secret_on_a_command_line() -> Option<String> {
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(raw) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        for a in raw.split(|&b| b == 0) {
+            if a.len() >= 64 && a.windows(64).any(|w| w.iter().all(u8::is_ascii_hexdigit)) {
+                return Some(String::from_utf8_lossy(a).into_owned());
+            }
+        }
+    }
+    None
+}
+
+/// A job across two "hosts" (both this one, through a launcher script) while a stranger
+/// connects to the PMI port that `ps` shows and tries to take a rank's place, to answer
+/// a challenge without the secret, and to read a key: each connection is closed without
+/// a word, the job completes, and `nemesis-run` counts the refusals.
+#[test]
+fn a_stranger_at_the_pmi_port_gets_nothing() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let shm = shm_dir("pmi-attack");
+    let dir = shm_dir("pmi-attack-files");
+    let launcher = dir.join("launch");
+    std::fs::write(&launcher, "#!/bin/sh\nshift\nexec \"$@\"\n").unwrap();
+    std::fs::set_permissions(&launcher, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let job = Command::new(nemesis_run())
+        .args([
+            "-n",
+            "2",
+            "--timeout",
+            "120",
+            "--hosts",
+            "h1,h2",
+            "--pmi-addr",
+            "127.0.0.1",
+        ])
+        .arg("--launcher")
+        .arg(&launcher)
+        .arg("--")
+        .args(child_args("waits_for_go"))
+        .env("NEM_TEST_CHILD", "1")
+        .env("NEMESIS_SHM_DIR", &shm)
+        .env("ATTACK_DIR", &dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    for r in 0..2 {
+        assert!(
+            wait_for(&dir.join(format!("ready-{r}")), Duration::from_secs(60)),
+            "rank {r} did not start: {}",
+            text(&job.wait_with_output().unwrap())
+        );
+    }
+    assert_eq!(a_secret_on_a_command_line(), None, "a secret is visible in ps");
+    let port = from_a_command_line("--proxy-pmi", &shm.display().to_string()).expect("the PMI port, from ps");
+    let attempts: [&[u8]; 3] = [
+        b"cmd=initack pmiid=0\n",
+        b"cmd=auth tag=0000000000000000000000000000000000000000000000000000000000000000\n",
+        b"cmd=get kvsname=x key=nem-key\n",
+    ];
+    for attempt in attempts {
+        let s = TcpStream::connect(&port).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        let mut challenge = String::new();
+        r.read_line(&mut challenge).unwrap();
+        assert!(challenge.starts_with("cmd=challenge nonce="), "{challenge:?}");
+        (&s).write_all(attempt).unwrap();
+        let mut rest = Vec::new();
+        let _ = r.read_to_end(&mut rest);
+        assert!(
+            rest.is_empty(),
+            "{:?} got an answer: {:?}",
+            String::from_utf8_lossy(attempt),
+            String::from_utf8_lossy(&rest)
+        );
+    }
+    std::fs::write(dir.join("go"), b"").unwrap();
+    let out = job.wait_with_output().unwrap();
+    common::assert_ranks_said(&out, "came through", 2, "a job whose PMI port was attacked");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("(3 refused so far)"), "{stderr}");
+    assert!(leftovers(&shm).is_empty());
+    let _ = std::fs::remove_dir_all(&shm);
+    let _ = std::fs::remove_dir_all(&dir);
+}

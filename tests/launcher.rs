@@ -9,7 +9,7 @@ mod common;
 use common::*;
 use nemesis::{Channel, ChannelError, Header, SendStatus, ShmChannel};
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Reads `count` "ready RANK PID" reports from a child's stdout; returns them.
@@ -513,4 +513,44 @@ fn bad_launcher_variables_are_reported() {
         "{}",
         text(&o)
     );
+}
+
+#[test]
+fn a_proxy_without_the_job_secret_says_so_and_starts_nothing() {
+    let dir = shm_dir("no-secret");
+    let mark = dir.join("started");
+    for input in [&b""[..], b"not a secret\n", b"abcd\n"] {
+        let mut c = Command::new(nemesis_run())
+            .args([
+                "--proxy-pmi",
+                "127.0.0.1:1",
+                "--proxy-kvsname",
+                "kvs_x",
+                "--proxy-size",
+                "1",
+                "--proxy-first",
+                "0",
+                "-n",
+                "1",
+                "--",
+                "touch",
+            ])
+            .arg(&mark)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write as _;
+        c.stdin.take().unwrap().write_all(input).unwrap();
+        let o = c.wait_with_output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("secret"),
+            "{}",
+            text(&o)
+        );
+        assert!(!mark.exists(), "a rank was started without the secret");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

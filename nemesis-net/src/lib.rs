@@ -27,6 +27,7 @@ pub mod addr;
 pub mod auth;
 pub mod config;
 mod drops;
+pub mod gate;
 pub mod reliable;
 pub mod sim;
 pub mod sys;

@@ -27,10 +27,9 @@
 //! not per connection, so they leave in order over whichever connection wins.
 //!
 //! Connections that have not proved themselves are bounded in number, per source and in
-//! all, and in time ([`gate`]); the listener's queue is drained at every poll, so a peer
+//! all, and in time ([`crate::gate`]); the listener's queue is drained at every poll, so a peer
 //! of the job never waits behind strangers that connect and say nothing.
 
-mod gate;
 pub mod handshake;
 
 pub use handshake::{
@@ -38,9 +37,9 @@ pub use handshake::{
     decode_hello, decode_reply,
 };
 
-use crate::auth;
 use crate::sys::{Epoll, cvt, millis};
 use crate::{Accept, Cards, DropReason, Drops, Envelope, Identity, NetError, NetStats, Netmod, addr, config};
+use crate::{auth, gate};
 use std::cell::Cell;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};

@@ -2,8 +2,9 @@
 //! them PMI-1.
 
 use clap::Parser;
+use nemesis::net::auth::JobKey;
 use nemesis_tools::launch::hosts::{default_address, distribute, launcher_argv, parse_hosts};
-use nemesis_tools::launch::server::{JobInfo, PmiServer, process_mapping};
+use nemesis_tools::launch::server::{JobInfo, Listen, PmiServer, process_mapping};
 use nemesis_tools::launch::{self, Job, Outcome, Pmi, Spec, Watch};
 use std::ffi::OsString;
 use std::net::{IpAddr, TcpListener};
@@ -11,14 +12,18 @@ use std::time::Duration;
 
 const AFTER_HELP: &str = "\
 Each process learns its rank, the job's size and its peers through PMI-1, which
-nemesis-run serves: local processes get PMI_FD, PMI_RANK and PMI_SIZE; processes on other
-hosts get PMI_PORT and PMI_ID. Programs built against MPICH run under it too.
+nemesis-run serves: every process gets PMI_FD, PMI_RANK and PMI_SIZE. Programs built
+against MPICH run under it too.
 
 With --hosts, nemesis-run runs the launcher command once per host, as
   LAUNCHER HOST nemesis-run (proxy arguments) -- PROG ARGS...
-the way Hydra's bootstrap-exec does; the proxy starts that host's ranks, which connect
-back to --pmi-addr. nemesis-run must be at the same path on every host. Every NEMESIS_*
-variable of nemesis-run's environment is passed on to the ranks on every host.
+the way Hydra's bootstrap-exec does, and writes a secret drawn for the job on the
+command's standard input (so the launcher must pass its input through: ssh does,
+`ssh -n` does not). The proxy starts that host's ranks and relays their PMI to
+--pmi-addr, proving with the secret that it belongs to the job; a connection to that
+port that cannot is refused and counted. nemesis-run must be at the same path on every
+host. Every NEMESIS_* variable of nemesis-run's environment is passed on to the ranks on
+every host.
 
 Output goes straight to this terminal (or with --label line by line, each line prefixed
 with its rank). When a process exits with a non-zero status or is killed, or calls PMI
@@ -178,7 +183,6 @@ fn local(args: &Args, watch: Watch) -> Outcome {
     let n = args.np;
     let pmi = Pmi::Serve {
         mapping: process_mapping(&[n]),
-        listener: None,
         self_rank: None,
     };
     start(spec(args, n, 0..n, launch::new_kvsname(), pmi)).watch(watch)
@@ -207,7 +211,50 @@ fn proxy(args: &Args, pmi: String, mut watch: Watch) -> Outcome {
         .clone()
         .unwrap_or_else(nemesis::bootstrap::host_name);
     watch.report = Some(Box::leak(format!("nemesis-run (host {host})").into_boxed_str()));
-    start(spec(args, size, first..end, kvsname, Pmi::Port(pmi))).watch(watch)
+    let secret = read_secret(SECRET_WAIT).unwrap_or_else(|e| fail(e, 2));
+    start(spec(
+        args,
+        size,
+        first..end,
+        kvsname,
+        Pmi::Relay { addr: pmi, secret },
+    ))
+    .watch(watch)
+}
+
+/// How long a proxy waits for the job's secret on its standard input.
+const SECRET_WAIT: Duration = Duration::from_secs(30);
+
+/// Reads the job's secret, one line of hex, from standard input, a byte at a time so
+/// that nothing after it is taken from what the first rank may read.
+fn read_secret(wait: Duration) -> Result<JobKey, String> {
+    let deadline = std::time::Instant::now() + wait;
+    let mut line = Vec::new();
+    let none = "no job secret on standard input: the launcher command must pass its input \
+                through to the remote command (ssh does; `ssh -n` does not)";
+    while line.last() != Some(&b'\n') {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let mut pfd = libc::pollfd {
+            fd: 0,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: one valid pollfd.
+        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if rc == 0 {
+            return Err(format!("{none} (nothing came within {wait:?})"));
+        }
+        let mut b = [0u8; 1];
+        match std::io::Read::read(&mut std::io::stdin().lock(), &mut b) {
+            Ok(1) if line.len() < 256 => line.push(b[0]),
+            Ok(_) => return Err(none.to_string()),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("{none}: {e}")),
+        }
+    }
+    let text = String::from_utf8_lossy(&line);
+    JobKey::from_hex(text.trim_end()).map_err(|e| format!("the job secret on standard input: {e}"))
 }
 
 fn across_hosts(args: &Args, list: &str, watch: Watch) -> Outcome {
@@ -229,7 +276,9 @@ fn across_hosts(args: &Args, list: &str, watch: Watch) -> Outcome {
         mapping: process_mapping(&counts),
         debug,
     };
-    let server = PmiServer::start(info, Vec::new(), Some(listener))
+    let secret = JobKey::random().unwrap_or_else(|e| fail(format!("cannot draw the job's secret: {e}"), 1));
+    let listen = Listen::new(listener, secret.clone());
+    let server = PmiServer::start(info, Vec::new(), Some(listen))
         .unwrap_or_else(|e| fail(format!("cannot start the PMI server: {e}"), 1));
     let port = server.addr().expect("listening").to_string();
     let exe =
@@ -272,7 +321,7 @@ fn across_hosts(args: &Args, list: &str, watch: Watch) -> Outcome {
         let name = format!("host {} (ranks {}-{})", host.name, r.start, r.end - 1);
         members.push((r.start, name, argv));
     }
-    let job = Job::spawn_hosts(&kvsname, server, members).unwrap_or_else(|e| {
+    let job = Job::spawn_hosts(&kvsname, server, &secret, members).unwrap_or_else(|e| {
         fail(
             format!(
                 "cannot run the launcher command {:?}: {}",

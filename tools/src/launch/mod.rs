@@ -1,20 +1,25 @@
 //! Starting a job's processes and watching them until they end.
 //!
 //! Used by `nemesis-run` and by the benchmarks that start their own partners. Ranks learn
-//! their place through PMI-1: a local rank inherits one end of a socketpair (`PMI_FD`)
-//! served by [`server::PmiServer`]; a rank on another host connects back over TCP
-//! (`PMI_PORT`, `PMI_ID`). Every child gets a parent-death signal, so nothing outlives a
-//! launcher that was killed. When one member fails the others are ended, and whatever
-//! shared-memory file of the job is left is removed, whatever happened.
+//! their place through PMI-1: every rank inherits one end of a socketpair (`PMI_FD`),
+//! served by [`server::PmiServer`] in this process or, on another host, relayed by a
+//! proxy that proves it belongs to the job ([`relay`]). Every child gets a parent-death
+//! signal, so nothing outlives a launcher that was killed. When one member fails the
+//! others are ended, and whatever shared-memory file of the job is left is removed,
+//! whatever happened.
 
 pub mod hosts;
+pub mod kvs;
+pub mod proof;
+pub mod relay;
 pub mod server;
 
 use nemesis::bootstrap::job_id_of;
+use nemesis::net::auth::JobKey;
+use relay::Relay;
 use server::{Event, JobInfo, PmiServer};
 use std::ffi::OsString;
 use std::io::{self, BufRead, Write};
-use std::net::TcpListener;
 use std::ops::Range;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -31,14 +36,18 @@ pub enum Pmi {
     Serve {
         /// MPICH's `PMI_process_mapping`.
         mapping: String,
-        /// Also accept ranks of other hosts on this listener.
-        listener: Option<TcpListener>,
         /// A rank that is this process itself: it is served but not started, and its
         /// socket is handed back by [`Job::take_self_pmi`].
         self_rank: Option<u32>,
     },
-    /// Ranks connect to a server elsewhere, at this `host:port`.
-    Port(String),
+    /// Relay the ranks to the server at `addr` (`host:port`), proving membership with
+    /// the job's secret.
+    Relay {
+        /// Where the server listens.
+        addr: String,
+        /// The job's secret.
+        secret: JobKey,
+    },
 }
 
 /// What to start.
@@ -158,6 +167,7 @@ pub struct Job {
     procs: Vec<Proc>,
     job_id: u64,
     server: Option<PmiServer>,
+    relay: Option<Relay>,
     self_pmi: Option<UnixStream>,
     forwarders: Vec<JoinHandle<()>>,
 }
@@ -259,6 +269,7 @@ impl Job {
             procs: Vec::new(),
             job_id,
             server: None,
+            relay: None,
             self_pmi: None,
             forwarders: Vec::new(),
         };
@@ -267,15 +278,10 @@ impl Job {
             rank,
             source,
         };
-        // Sockets of the ranks we serve: ours go to the server, theirs to the children.
+        // Sockets of the ranks: ours go to the server or the relay, theirs to the children.
         let mut theirs: Vec<(u32, OwnedFd)> = Vec::new();
-        let mut port = None;
         match spec.pmi {
-            Pmi::Serve {
-                mapping,
-                listener,
-                self_rank,
-            } => {
+            Pmi::Serve { mapping, self_rank } => {
                 let mut ours = Vec::new();
                 for rank in spec.ranks.clone().chain(self_rank) {
                     let (o, t) = server::rank_socket().map_err(|e| io_err(rank, e))?;
@@ -294,9 +300,24 @@ impl Job {
                     debug,
                 };
                 job.server =
-                    Some(PmiServer::start(info, ours, listener).map_err(|e| io_err(spec.ranks.start, e))?);
+                    Some(PmiServer::start(info, ours, None).map_err(|e| io_err(spec.ranks.start, e))?);
             }
-            Pmi::Port(addr) => port = Some(addr),
+            Pmi::Relay { addr, secret } => {
+                let timeout = nemesis::bootstrap::DEFAULT_STARTUP_TIMEOUT;
+                let mut pairs = Vec::new();
+                for rank in spec.ranks.clone() {
+                    let (o, t) = server::rank_socket().map_err(|e| io_err(rank, e))?;
+                    let conn = relay::connect(&addr, &secret, rank, timeout).map_err(|e| {
+                        io_err(
+                            rank,
+                            io::Error::new(e.kind(), format!("the PMI server at {addr}: {e}")),
+                        )
+                    })?;
+                    pairs.push((o, conn));
+                    theirs.push((rank, t));
+                }
+                job.relay = Some(Relay::start(pairs).map_err(|e| io_err(spec.ranks.start, e))?);
+            }
         }
         // SAFETY: getpid has no preconditions.
         let launcher = unsafe { libc::getpid() };
@@ -305,23 +326,16 @@ impl Job {
             cmd.args(&spec.args);
             cmd.env("PMI_RANK", rank.to_string())
                 .env("PMI_SIZE", spec.size.to_string());
-            let fd = theirs
+            let Some(fd) = theirs
                 .iter()
                 .find(|(r, _)| *r == rank)
-                .map(|(_, fd)| fd.as_raw_fd());
-            match (&port, fd) {
-                (Some(addr), _) => {
-                    cmd.env("PMI_PORT", addr)
-                        .env("PMI_ID", rank.to_string())
-                        .env_remove("PMI_FD");
-                }
-                (None, Some(fd)) => {
-                    cmd.env("PMI_FD", fd.to_string())
-                        .env_remove("PMI_PORT")
-                        .env_remove("PMI_ID");
-                }
-                (None, None) => unreachable!("every served rank has a socket"),
-            }
+                .map(|(_, fd)| fd.as_raw_fd())
+            else {
+                unreachable!("every rank has a socket");
+            };
+            cmd.env("PMI_FD", fd.to_string())
+                .env_remove("PMI_PORT")
+                .env_remove("PMI_ID");
             cmd.envs(spec.env.iter().map(|(k, v)| (k, v)));
             // The first rank gets our input through a pipe: outside our process group it
             // may not read the terminal itself.
@@ -338,9 +352,7 @@ impl Job {
             unsafe {
                 cmd.pre_exec(move || {
                     die_with(launcher)?;
-                    if let Some(fd) = fd {
-                        keep_across_exec(fd)?;
-                    }
+                    keep_across_exec(fd)?;
                     Ok(())
                 });
             }
@@ -380,33 +392,44 @@ impl Job {
 
     /// Starts one command per host (a launcher such as ssh running a proxy), for a job
     /// whose PMI server is `server`. `hosts` gives each command, its first rank and the
-    /// name messages use.
+    /// name messages use. Each command's standard input carries `secret`, in hex, on one
+    /// line, and then ends: the proxy reads it there, where no `ps` shows it.
     pub fn spawn_hosts(
         kvsname: &str,
         server: PmiServer,
+        secret: &JobKey,
         hosts: Vec<(u32, String, Vec<OsString>)>,
     ) -> Result<Self, LaunchError> {
         let mut job = Self {
             procs: Vec::new(),
             job_id: job_id_of(kvsname),
             server: Some(server),
+            relay: None,
             self_pmi: None,
             forwarders: Vec::new(),
         };
         // SAFETY: getpid has no preconditions.
         let launcher = unsafe { libc::getpid() };
+        let line = format!("{}\n", secret.to_hex());
         for (first, name, argv) in hosts {
             let mut cmd = Command::new(&argv[0]);
-            cmd.args(&argv[1..]).stdin(Stdio::null());
+            cmd.args(&argv[1..]).stdin(Stdio::piped());
             // SAFETY: as in `spawn`.
             unsafe { cmd.pre_exec(move || die_with(launcher)) };
             match cmd.spawn() {
-                Ok(child) => job.procs.push(Proc {
-                    id: first,
-                    name,
-                    pid: child.id() as libc::pid_t,
-                    exit: None,
-                }),
+                Ok(mut child) => {
+                    // A launcher that does not read its input leaves the proxy without
+                    // the secret, and the proxy says so; nothing waits here.
+                    if let Some(mut stdin) = child.stdin.take() {
+                        let _ = stdin.write_all(line.as_bytes());
+                    }
+                    job.procs.push(Proc {
+                        id: first,
+                        name,
+                        pid: child.id() as libc::pid_t,
+                        exit: None,
+                    });
+                }
                 Err(source) => {
                     job.end(Duration::from_secs(1));
                     return Err(LaunchError {
@@ -545,6 +568,9 @@ impl Job {
         if let Some(mut s) = self.server.take() {
             s.stop();
         }
+        if let Some(mut r) = self.relay.take() {
+            r.stop();
+        }
         cleanup_segments(self.job_id);
         let mut exits: Vec<_> = self
             .procs
@@ -648,7 +674,6 @@ mod tests {
             label: false,
             pmi: Pmi::Serve {
                 mapping: server::process_mapping(&[n]),
-                listener: None,
                 self_rank: None,
             },
         }

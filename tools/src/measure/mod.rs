@@ -967,7 +967,6 @@ fn start_job(size: u32, env: Vec<(OsString, OsString)>) -> Result<(Job, NemesisC
         label: false,
         pmi: Pmi::Serve {
             mapping: process_mapping(&[size]),
-            listener: None,
             self_rank: Some(0),
         },
     };

@@ -1,22 +1,23 @@
-//! Which connections that have not yet proved themselves may stay.
+//! Which connections that have not yet proved themselves may stay: for the tcp netmod's
+//! listener, and for any other listener of a job (a launcher's process manager).
 //!
 //! Anyone who can reach a listener can open connections and say nothing. Each such
 //! connection costs a descriptor and, while it waits, a place in line; a few thousand of
-//! them must not keep a peer of the job out. So connections waiting for their hello are
-//! bounded, per source address and in all, and when a bound is reached the oldest one
-//! waiting goes: a peer of the job answers its challenge within a round trip, so the
-//! connection that has waited longest is the one least likely to be a peer. Each also
-//! has a deadline (the handshake timeout), kept by the netmod's timers.
+//! them must not keep a member of the job out. So connections waiting to prove
+//! themselves are bounded, per source address and in all, and when a bound is reached
+//! the oldest one waiting goes: a member answers its challenge within a round trip, so
+//! the connection that has waited longest is the one least likely to be a member. Each
+//! should also have a deadline, which the listener's owner keeps.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 
-/// Most connections waiting for a hello from one source address.
+/// Most connections waiting to prove themselves from one source address, by default.
 pub const PER_SOURCE: usize = 64;
-/// Most connections waiting for a hello in all.
+/// Most connections waiting to prove themselves in all, by default.
 pub const TOTAL: usize = 256;
 
-/// The connections waiting for their hello, oldest first.
+/// The connections waiting to prove themselves, oldest first.
 #[derive(Debug)]
 pub struct Gate {
     per_source: usize,
@@ -48,6 +49,11 @@ impl Gate {
     /// Connections waiting now.
     pub fn len(&self) -> usize {
         self.waiting.len()
+    }
+
+    /// Whether none are waiting.
+    pub fn is_empty(&self) -> bool {
+        self.waiting.is_empty()
     }
 
     /// Lets `cid` from `source` wait, and returns the connections that must go to make
@@ -166,6 +172,7 @@ mod tests {
         assert!(evicted > 85_000, "{evicted}");
         // Leaving twice, or leaving what never came, changes nothing.
         let n = g.len();
+        assert!(!g.is_empty());
         g.leave(1);
         g.leave(u64::MAX);
         assert_eq!(g.len(), n);
