@@ -268,3 +268,108 @@ fn a_stranger_at_the_pmi_port_gets_nothing() {
     let _ = std::fs::remove_dir_all(&shm);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Whether a process of ours still runs with `marker` in its environment.
+fn any_process_with(marker: &str) -> bool {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    procs.flatten().any(|e| {
+        std::fs::read(e.path().join("environ"))
+            .is_ok_and(|env| env.windows(marker.len()).any(|w| w == marker.as_bytes()))
+    })
+}
+
+/// Waits, through inotify, until a file appears in `dir` or `limit` passes.
+fn wait_for_a_file(dir: &Path, limit: Duration) -> bool {
+    // SAFETY: plain system calls; the buffer is ours and as long as we say.
+    unsafe {
+        let fd = libc::inotify_init1(libc::IN_CLOEXEC | libc::IN_NONBLOCK);
+        if fd < 0 {
+            return false;
+        }
+        let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+        let ok = libc::inotify_add_watch(fd, c.as_ptr(), libc::IN_CREATE | libc::IN_MOVED_TO) >= 0;
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let seen = ok && libc::poll(&mut pfd, 1, limit.as_millis() as i32) == 1;
+        libc::close(fd);
+        seen
+    }
+}
+
+/// `kill -9` of `nemesis-run` 20 times during the start-up of a job of 8 ranks: half of
+/// them the moment the node's segment file appears (the worst moment: the file exists
+/// and not every rank has it yet), half at moments spread over a start-up. Then one job
+/// runs to its end. Nothing is left in the shared-memory directory.
+#[test]
+fn killing_the_launcher_during_start_up_leaves_nothing() {
+    let shm = shm_dir("kill9");
+    let marker = format!("NEMESIS_SHM_DIR={}", shm.display());
+    let hello = common::example("hello");
+    let job = || {
+        let mut c = Command::new(nemesis_run());
+        c.args(["-n", "8", "--timeout", "60", "--"])
+            .arg(&hello)
+            .env("NEMESIS_SHM_DIR", &shm)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        // All on one CPU, so that the ranks take turns attaching and the segment file
+        // is there long enough for a kill to find it.
+        // SAFETY: sched_setaffinity is async-signal-safe; the set is ours.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            c.pre_exec(|| {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(0, &mut set);
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+                Ok(())
+            });
+        }
+        c
+    };
+    // How long a whole job takes here, to spread the kills over its start-up.
+    let t = Instant::now();
+    let o = job().output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let whole = t.elapsed();
+    let mut left_by_kills = 0;
+    for i in 0..20u32 {
+        let mut c = job().spawn().unwrap();
+        if i % 2 == 0 {
+            wait_for_a_file(&shm, Duration::from_secs(10));
+        } else {
+            std::thread::sleep(whole * i / 20);
+        }
+        // SAFETY: signalling our own child, not yet reaped.
+        unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
+        c.wait().unwrap();
+        // Its ranks die with it (a parent-death signal); wait until they have.
+        let start = Instant::now();
+        while any_process_with(&marker) {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "ranks outlived their launcher"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        left_by_kills += leftovers(&shm).len();
+    }
+    eprintln!("the kills left {left_by_kills} files in all");
+    assert!(
+        left_by_kills > 0,
+        "no kill found the segment file there: the test missed the moment it aims at"
+    );
+    let o = job().output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        leftovers(&shm).is_empty(),
+        "left behind: {:?}\n{}",
+        leftovers(&shm),
+        text(&o)
+    );
+    let _ = std::fs::remove_dir_all(&shm);
+}

@@ -56,6 +56,13 @@ impl PipeIn {
         }
         // SAFETY: `fd` was just opened and is owned by nothing else.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // A shared lock for as long as we hold it: a sweep removes only what nobody holds.
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_SH) } != 0 {
+            let e = io::Error::last_os_error();
+            let _ = std::fs::remove_file(&path);
+            return Err(io_err(peer, e));
+        }
         // A larger pipe means fewer turns; a smaller one still works.
         // SAFETY: fcntl on an open descriptor with an integer argument.
         unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_BYTES) };

@@ -351,8 +351,11 @@ impl Segment {
     }
 
     /// Creates the file, reserves it, writes the header and publishes it under its name.
+    /// First it removes what killed processes left in the directory ([`crate::sweep`]),
+    /// whichever launcher started this job.
     pub fn create(spec: &JoinSpec) -> Result<Self, ShmError> {
         let layout = Layout::new(spec.nprocs, spec.geometry)?;
+        crate::sweep(&spec.dir);
         // The header goes in before the file has its name; its magic is stored last.
         let write = |m: &Mapping| Self::write_header_at(m.base.as_ptr(), &layout, spec.job_id, spec.node);
         let (map, path) = match file::create(&spec.dir, &spec.name, layout.total, write) {

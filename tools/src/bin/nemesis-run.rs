@@ -132,6 +132,7 @@ fn main() {
         report: Some("nemesis-run"),
     };
     launch::catch_signals();
+    sweep(&args);
     let outcome = if let Some(pmi) = args.proxy_pmi.clone() {
         proxy(&args, pmi, watch)
     } else if let Some(hosts) = args.hosts.clone() {
@@ -140,6 +141,26 @@ fn main() {
         local(&args, watch)
     };
     std::process::exit(outcome.exit_code());
+}
+
+/// Removes what processes killed on this host left in the shared-memory directory (a
+/// launcher killed during start-up, say): files of ours that no live process holds.
+fn sweep(args: &Args) {
+    let from_proxy_env = args
+        .proxy_env
+        .iter()
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == "NEMESIS_SHM_DIR")
+        .map(|(_, v)| std::path::PathBuf::from(v));
+    let dir = from_proxy_env.unwrap_or_else(nemesis::shm::config::shm_dir);
+    let n = nemesis::shm::sweep(&dir);
+    if n > 0 {
+        eprintln!(
+            "nemesis-run: removed {n} file{} that processes killed earlier left in {}",
+            if n == 1 { "" } else { "s" },
+            dir.display()
+        );
+    }
 }
 
 fn spec(args: &Args, size: u32, ranks: std::ops::Range<u32>, kvsname: String, pmi: Pmi) -> Spec {
