@@ -1,7 +1,8 @@
 //! What a stranger on the same machine tries against a job, each made to happen by a
-//! second process (this test, as the same user), and each failing the test if the attack
-//! succeeds: idle connections to the ranks' listeners, a connection to `nemesis-run`'s
-//! PMI port, and `kill -9` of the launcher in the middle of start-up.
+//! second process and each failing the test if the attack succeeds: idle connections to
+//! the ranks' listeners and a connection to `nemesis-run`'s PMI port (by a process of
+//! user `nobody` where the test may change user, else of ours), and `kill -9` of the
+//! launcher in the middle of start-up.
 
 mod common;
 
@@ -38,6 +39,91 @@ fn raise_fd_limit() -> u64 {
         libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
     }
     lim.rlim_cur
+}
+
+/// The stranger: opens `STRANGER_COUNT` connections spread over the addresses in
+/// `STRANGER_ADDRS` and says nothing on them, or, with `STRANGER_PMI`, tries its attacks
+/// on that PMI port and prints what each got. It holds its connections until its input
+/// ends.
+#[test]
+#[ignore = "child process of the multi-process tests"]
+fn child_stranger() {
+    child_main(|| {
+        use std::io::{BufRead, BufReader, Read, Write};
+        // SAFETY: geteuid has no preconditions.
+        let uid = unsafe { libc::geteuid() };
+        if let Ok(port) = std::env::var("STRANGER_PMI") {
+            let attempts: [&[u8]; 3] = [
+                b"cmd=initack pmiid=0\n",
+                b"cmd=auth tag=0000000000000000000000000000000000000000000000000000000000000000\n",
+                b"cmd=get kvsname=x key=nem-key\n",
+            ];
+            for attempt in attempts {
+                let s = TcpStream::connect(&port).map_err(|e| e.to_string())?;
+                s.set_read_timeout(Some(Duration::from_secs(30)))
+                    .map_err(|e| e.to_string())?;
+                let mut r = BufReader::new(s.try_clone().map_err(|e| e.to_string())?);
+                let mut challenge = String::new();
+                r.read_line(&mut challenge).map_err(|e| e.to_string())?;
+                (&s).write_all(attempt).map_err(|e| e.to_string())?;
+                let mut rest = Vec::new();
+                let _ = r.read_to_end(&mut rest);
+                println!(
+                    "stranger (uid {uid}) was challenged with {:?} and got {:?}",
+                    challenge.trim_end(),
+                    String::from_utf8_lossy(&rest)
+                );
+            }
+            return Ok(());
+        }
+        let addrs: Vec<SocketAddr> = std::env::var("STRANGER_ADDRS")
+            .map_err(|e| e.to_string())?
+            .split(',')
+            .map(|a| a.parse().map_err(|e| format!("{a}: {e}")))
+            .collect::<Result<_, String>>()?;
+        let n: usize = std::env::var("STRANGER_COUNT")
+            .map_err(|e| e.to_string())?
+            .parse()
+            .map_err(|e| format!("STRANGER_COUNT: {e}"))?;
+        let held: Vec<TcpStream> = (0..n)
+            .map(|i| TcpStream::connect(addrs[i % addrs.len()]).map_err(|e| e.to_string()))
+            .collect::<Result<_, String>>()?;
+        println!("stranger (uid {uid}) holds {} connections", held.len());
+        std::io::stdout().flush().map_err(|e| e.to_string())?;
+        let mut sink = Vec::new();
+        let _ = std::io::stdin().read_to_end(&mut sink);
+        drop(held);
+        Ok(())
+    });
+}
+
+/// The stranger's process, as user `nobody` where this test may change user (and
+/// nobody may run this binary), else as ours.
+fn stranger(env: &[(&str, String)]) -> std::process::Child {
+    let make = |other_user: bool| {
+        let mut c = Command::new(&child_args("stranger")[0]);
+        c.args(&child_args("stranger")[1..])
+            .env("NEM_TEST_CHILD", "1")
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if other_user {
+            use std::os::unix::process::CommandExt;
+            c.uid(65534).gid(65534);
+        }
+        c
+    };
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    match make(root).spawn() {
+        Ok(c) => c,
+        Err(e) if root => {
+            eprintln!("the stranger runs as us: user nobody cannot run it here ({e})");
+            make(false).spawn().unwrap()
+        }
+        Err(e) => panic!("cannot start the stranger: {e}"),
+    }
 }
 
 #[test]
@@ -123,12 +209,33 @@ fn idle_connections_do_not_keep_a_tcp_job_from_starting() {
         }
         addrs.push(std::fs::read_to_string(&card).unwrap().parse().unwrap());
     }
-    let strangers: Vec<TcpStream> = (0..4_000)
-        .map(|i| TcpStream::connect(addrs[i % 4]).expect("a stranger's connection"))
-        .collect();
+    let list: Vec<String> = addrs.iter().map(SocketAddr::to_string).collect();
+    let mut strange = stranger(&[
+        ("STRANGER_ADDRS", list.join(",")),
+        ("STRANGER_COUNT", "4000".into()),
+    ]);
+    // What it says once it holds them all (libtest says things around it).
+    let mut said = String::new();
+    {
+        use std::io::BufRead;
+        let mut r = std::io::BufReader::new(strange.stdout.as_mut().unwrap());
+        while !said.contains("holds") {
+            said.clear();
+            if r.read_line(&mut said).unwrap() == 0 {
+                break;
+            }
+        }
+    }
+    assert!(
+        said.contains("holds 4000 connections"),
+        "{said:?}: {:?}",
+        strange.wait_with_output()
+    );
+    eprintln!("{}", said.trim_end());
     std::fs::write(dir.join("go"), b"").unwrap();
     let out = job.wait_with_output().unwrap();
-    drop(strangers);
+    drop(strange.stdin.take());
+    let _ = strange.wait();
     common::assert_ranks_said(&out, "came through", 4, "a job flooded with idle connections");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -200,7 +307,6 @@ fn a_secret_on_a_command_line() -> Option<String> {
 /// a word, the job completes, and `nemesis-run` counts the refusals.
 #[test]
 fn a_stranger_at_the_pmi_port_gets_nothing() {
-    use std::io::{BufRead, BufReader, Read, Write};
     let shm = shm_dir("pmi-attack");
     let dir = shm_dir("pmi-attack-files");
     let launcher = dir.join("launch");
@@ -237,27 +343,18 @@ fn a_stranger_at_the_pmi_port_gets_nothing() {
     }
     assert_eq!(a_secret_on_a_command_line(), None, "a secret is visible in ps");
     let port = from_a_command_line("--proxy-pmi", &shm.display().to_string()).expect("the PMI port, from ps");
-    let attempts: [&[u8]; 3] = [
-        b"cmd=initack pmiid=0\n",
-        b"cmd=auth tag=0000000000000000000000000000000000000000000000000000000000000000\n",
-        b"cmd=get kvsname=x key=nem-key\n",
-    ];
-    for attempt in attempts {
-        let s = TcpStream::connect(&port).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        let mut r = BufReader::new(s.try_clone().unwrap());
-        let mut challenge = String::new();
-        r.read_line(&mut challenge).unwrap();
-        assert!(challenge.starts_with("cmd=challenge nonce="), "{challenge:?}");
-        (&s).write_all(attempt).unwrap();
-        let mut rest = Vec::new();
-        let _ = r.read_to_end(&mut rest);
-        assert!(
-            rest.is_empty(),
-            "{:?} got an answer: {:?}",
-            String::from_utf8_lossy(attempt),
-            String::from_utf8_lossy(&rest)
-        );
+    let o = stranger(&[("STRANGER_PMI", port)]).wait_with_output().unwrap();
+    assert!(o.status.success(), "the stranger failed: {}", text(&o));
+    let said = String::from_utf8_lossy(&o.stdout);
+    let tries: Vec<&str> = said
+        .lines()
+        .filter_map(|l| l.find("stranger (").map(|at| &l[at..]))
+        .collect();
+    assert_eq!(tries.len(), 3, "{said}");
+    for t in &tries {
+        eprintln!("{t}");
+        assert!(t.contains("challenged with \"cmd=challenge nonce="), "{t}");
+        assert!(t.ends_with("and got \"\""), "the stranger got an answer: {t}");
     }
     std::fs::write(dir.join("go"), b"").unwrap();
     let out = job.wait_with_output().unwrap();
