@@ -2,8 +2,8 @@
 //!
 //! For each host `nemesis-run` runs the launcher command (ssh by default) with the host
 //! name and then a command that starts that host's ranks: `nemesis-run` again, as a
-//! proxy, which starts the ranks with `PMI_PORT` pointing back at the first
-//! `nemesis-run`. This is how Hydra's bootstrap-exec works.
+//! proxy, which starts the ranks and relays their PMI back to the first `nemesis-run`
+//! ([`super::relay`]). This is how Hydra's bootstrap-exec works.
 
 use std::ffi::OsString;
 use std::net::{IpAddr, Ipv4Addr};
