@@ -32,6 +32,7 @@ pub mod wake;
 
 pub use config::Geometry;
 pub use error::ShmError;
+#[cfg(not(loom))]
 pub use file::{check_name, sweep};
 pub use port::{Full, Port};
 pub use region::{Envelope, Region};
