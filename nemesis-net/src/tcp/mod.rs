@@ -1300,19 +1300,24 @@ mod tests {
         }
     }
 
-    /// Reads the challenge a netmod sends on `s`, polling it meanwhile.
-    fn read_challenge(nms: &mut [TcpNetmod], got: &mut [Got], s: &mut TcpStream) -> Challenge {
+    /// Reads `n` bytes from `s`, polling the netmods meanwhile.
+    fn read_pumping(nms: &mut [TcpNetmod], got: &mut [Got], s: &mut TcpStream, n: usize) -> Vec<u8> {
         s.set_nonblocking(true).unwrap();
-        let mut buf = [0u8; CHALLENGE_LEN];
+        let mut buf = vec![0u8; n];
         let mut have = 0;
         assert!(pump(nms, got, |_, _| {
-            if let Ok(n) = s.read(&mut buf[have..]) {
-                have += n;
+            if let Ok(k) = s.read(&mut buf[have..]) {
+                have += k;
             }
-            have == CHALLENGE_LEN
+            have == n
         }));
         s.set_nonblocking(false).unwrap();
-        decode_challenge(&buf).unwrap()
+        buf
+    }
+
+    /// Reads the challenge a netmod sends on `s`, polling it meanwhile.
+    fn read_challenge(nms: &mut [TcpNetmod], got: &mut [Got], s: &mut TcpStream) -> Challenge {
+        decode_challenge(&read_pumping(nms, got, s, CHALLENGE_LEN)).unwrap()
     }
 
     fn hello(key: &JobKey, from: u32, to: u32, max_payload: usize, ch: &Challenge) -> [u8; HELLO_LEN] {
@@ -1407,17 +1412,7 @@ mod tests {
         let ch = read_challenge(nms, got, &mut s);
         let h = Hello::new(&KEY, from, 0, max as u32, [9; NONCE_LEN], &ch);
         s.write_all(&h.encode()).unwrap();
-        s.set_nonblocking(true).unwrap();
-        let mut buf = [0u8; REPLY_LEN];
-        let mut have = 0;
-        assert!(pump(nms, got, |_, _| {
-            if let Ok(n) = s.read(&mut buf[have..]) {
-                have += n;
-            }
-            have == REPLY_LEN
-        }));
-        s.set_nonblocking(false).unwrap();
-        let reply = decode_reply(&buf).unwrap();
+        let reply = decode_reply(&read_pumping(nms, got, &mut s, REPLY_LEN)).unwrap();
         assert_eq!((reply.code, reply.rank), (ReplyCode::Accepted, 0));
         assert!(reply.proves(&KEY, &h, &ch));
         s
@@ -1533,16 +1528,7 @@ mod tests {
                     nonce: [4; NONCE_LEN],
                 };
                 s.write_all(&ch.encode()).unwrap();
-                let mut h = [0u8; HELLO_LEN];
-                let mut have = 0;
-                assert!(pump(&mut nms, &mut got, |_, _| {
-                    s.set_nonblocking(true).unwrap();
-                    if let Ok(n) = s.read(&mut h[have..]) {
-                        have += n;
-                    }
-                    have == HELLO_LEN
-                }));
-                let hello = decode_hello(&h).unwrap();
+                let hello = decode_hello(&read_pumping(&mut nms, &mut got, &mut s, HELLO_LEN)).unwrap();
                 assert_eq!(
                     (hello.from, hello.to, hello.max_payload),
                     (0, 1, small().max_payload as u32)
