@@ -41,7 +41,8 @@ pub fn decode_card(netmod: &str, rank: u32, card: &[u8]) -> Result<SocketAddr, N
     let addr: SocketAddr = addr
         .parse()
         .map_err(|e| bad(format!("{addr:?} is not an address and port: {e}")))?;
-    if addr.port() == 0 || addr.ip().is_unspecified() || addr.ip().is_multicast() {
+    let broadcast = matches!(addr.ip(), IpAddr::V4(v4) if v4.is_broadcast());
+    if addr.port() == 0 || addr.ip().is_unspecified() || addr.ip().is_multicast() || broadcast {
         return Err(bad(format!("{addr} cannot be reached")));
     }
     Ok(addr)
@@ -219,6 +220,16 @@ mod tests {
             b"tcp \xff:1",
             b"",
             &[b'x'; 500],
+            // What a hostile key-value space might hold instead of a card.
+            b"tcp 255.255.255.255:80",
+            b"tcp ../../x:1",
+            b"tcp 10.0.0.1:80 extra",
+            b"tcp  10.0.0.1:80",
+            b"tcp 10.0.0.1:80\n",
+            b"tcp 10.0.0.1:99999",
+            b"tcp [fe80::1%eth0]:80",
+            b"tcp host.example:80",
+            b"tcp\t10.0.0.1:80",
         ] {
             assert!(
                 decode_card("tcp", 1, bad).is_err(),
