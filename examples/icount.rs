@@ -1,5 +1,6 @@
 //! The harness of `scripts/icount.sh`: repeats one 8-byte channel send plus the matching
-//! receive, with the message already arrived, inside one function that callgrind counts.
+//! receive, with the message already arrived, inside one function that callgrind counts;
+//! or, for `stream`, windows of 64 non-blocking sends and pre-posted receives.
 //!
 //! Both ends live in this process, on one anonymous segment, so nothing spins or waits
 //! and the count is the same on every run.
@@ -49,6 +50,68 @@ pub fn nemesis_icount_p2p_op(
     b.recv(cb, 0, 1, into).map_or(0, |s| s.len / 8)
 }
 
+/// Messages per window of the streaming count.
+const WINDOW: usize = 64;
+
+/// One window of the streaming count: `b` posts `WINDOW` 8-byte receives, `a` starts as
+/// many sends, and both wait for all of theirs, as osu_bw's inner loop does. Returns the
+/// bytes received.
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub fn nemesis_icount_stream_window(
+    a: &mut World,
+    b: &mut World,
+    ca: &Comm,
+    cb: &Comm,
+    msg: &[u8; 8],
+    into: &mut [[u8; 8]; WINDOW],
+) -> usize {
+    b.scope(|sb| {
+        a.scope(|sa| {
+            let mut recvs = Vec::with_capacity(WINDOW);
+            for buf in into.iter_mut() {
+                recvs.extend(sb.irecv(cb, 0, 1, buf).ok());
+            }
+            let mut sends = Vec::with_capacity(WINDOW);
+            for _ in 0..WINDOW {
+                sends.extend(sa.isend(ca, 1, 1, msg).ok());
+            }
+            let sent = sa.waitall(sends).map_or(0, |d| d.len());
+            let got = sb
+                .waitall(recvs)
+                .map_or(0, |d| d.iter().map(|d| d.status().len).sum());
+            if sent == WINDOW { got } else { 0 }
+        })
+    })
+}
+
+/// The channel's own streaming: `WINDOW` 8-byte packets sent, then all received.
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub fn nemesis_icount_channel_window(
+    a: &mut NemesisChannel,
+    b: &mut NemesisChannel,
+    msg: &[u8; 8],
+    into: &mut [[u8; 8]; WINDOW],
+) -> usize {
+    let h = Header {
+        tag: 1,
+        ..Header::default()
+    };
+    let sent = (0..WINDOW).filter(|_| a.send_bytes(1, h, msg).is_ok()).count();
+    let mut got = 0;
+    while got < sent {
+        match b.poll(|p| {
+            copy_into(&mut into[got % WINDOW], p.payload);
+            got += 1;
+        }) {
+            Ok(_) => {}
+            Err(_) => return 0,
+        }
+    }
+    got * 8
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let what = args.next().unwrap_or_else(|| "channel".into());
@@ -83,8 +146,33 @@ fn main() {
                 delivered += nemesis_icount_p2p_op(&mut wa, &mut wb, &ca, &cb, &msg, &mut into);
             }
         }
+        "channel-stream" => {
+            let mut bufs = [[0u8; 8]; WINDOW];
+            if ops % WINDOW as u64 != 0 {
+                eprintln!("icount: channel-stream counts whole windows of {WINDOW} messages");
+                std::process::exit(2);
+            }
+            for _ in 0..ops / WINDOW as u64 {
+                delivered += nemesis_icount_channel_window(&mut a, &mut b, &msg, &mut bufs) / 8;
+            }
+            into = bufs[WINDOW - 1];
+        }
+        "stream" => {
+            let mut wa = World::new(a).expect("world 0");
+            let mut wb = World::new(b).expect("world 1");
+            let (ca, cb) = (wa.comm(), wb.comm());
+            let mut bufs = [[0u8; 8]; WINDOW];
+            if ops % WINDOW as u64 != 0 {
+                eprintln!("icount: stream counts whole windows of {WINDOW} messages");
+                std::process::exit(2);
+            }
+            for _ in 0..ops / WINDOW as u64 {
+                delivered += nemesis_icount_stream_window(&mut wa, &mut wb, &ca, &cb, &msg, &mut bufs) / 8;
+            }
+            into = bufs[WINDOW - 1];
+        }
         other => {
-            eprintln!("icount: unknown layer {other:?} (expected: channel or p2p)");
+            eprintln!("icount: unknown layer {other:?} (expected: channel, p2p, stream or channel-stream)");
             std::process::exit(2);
         }
     }

@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
 # Counts the instructions of one 8-byte send plus its receive, with the message already
 # arrived, with valgrind's callgrind: a figure that does not move with the machine.
+# `stream` counts one message of a window of 64 isends and 64 pre-posted irecvs, each
+# side waiting for all of its window (osu_bw's inner loop), per message;
+# `channel-stream` the same window of raw packets through the channel.
 #
-#   scripts/icount.sh channel|p2p [OPS]
+#   scripts/icount.sh channel|p2p|stream|channel-stream [OPS]
 #
 # The last line is a JSON object with "instructions_per_op".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-usage() { echo "usage: scripts/icount.sh channel|p2p [OPS]" >&2; exit 2; }
+usage() { echo "usage: scripts/icount.sh channel|p2p|stream|channel-stream [OPS]" >&2; exit 2; }
 layer=${1:-}
 ops=${2:-100000}
 case "$layer" in
     channel) fn=nemesis_icount_channel_op ;;
     p2p) fn=nemesis_icount_p2p_op ;;
-    -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    stream) fn=nemesis_icount_stream_window; ops=$(( (ops + 63) / 64 * 64 )) ;;
+    channel-stream) fn=nemesis_icount_channel_window; ops=$(( (ops + 63) / 64 * 64 )) ;;
+    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) usage ;;
 esac
 [[ "$ops" =~ ^[1-9][0-9]*$ ]] || usage

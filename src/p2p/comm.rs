@@ -90,6 +90,44 @@ impl Comm {
     }
 }
 
+/// A request's communicator. One whose ranks are the world's is not counted: a
+/// request on it needs no shared reference, and so no atomic operation to make or drop.
+#[derive(Debug, Clone)]
+pub(crate) enum ReqComm {
+    /// A communicator whose ranks are the world's.
+    Identity,
+    /// Any other.
+    Other(Arc<CommInner>),
+}
+
+impl ReqComm {
+    #[inline]
+    pub fn of(c: &Arc<CommInner>) -> Self {
+        if c.identity {
+            ReqComm::Identity
+        } else {
+            ReqComm::Other(c.clone())
+        }
+    }
+
+    /// The communicator rank of world rank `w`, if a member.
+    #[inline]
+    pub fn rank_of(&self, w: u32) -> Option<u32> {
+        match self {
+            ReqComm::Identity => Some(w),
+            ReqComm::Other(c) => c.rank_of(w),
+        }
+    }
+
+    /// The communicator itself, or `None` for the world's ranks.
+    pub fn inner(&self) -> Option<&Arc<CommInner>> {
+        match self {
+            ReqComm::Identity => None,
+            ReqComm::Other(c) => Some(c),
+        }
+    }
+}
+
 impl CommInner {
     /// The world rank of member `r`, or an error naming it.
     #[inline]

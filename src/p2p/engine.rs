@@ -3,7 +3,7 @@
 //! handling a packet: control packets go to its outbox, which the chores after each poll
 //! send.
 
-use super::comm::CommInner;
+use super::comm::ReqComm;
 use super::matching::{Body, Matching, Posted, Unexpected};
 use super::requests::{Bufs, RState, RecvReq, Req, Requests, SState};
 use super::rndv::{self, Rndv};
@@ -11,7 +11,6 @@ use super::wire::{self, CTS, DATA, DONE, EAGER, FIN, REVOKE, REVOKED, RTS, Rts, 
 use super::{P2pError, Status};
 use crate::channel::{Channel, Header};
 use crate::progress::Outbox;
-use std::sync::Arc;
 
 /// The engine's state apart from the channel, so both can be borrowed at once.
 #[derive(Debug)]
@@ -234,19 +233,19 @@ impl Engine {
         self.matching.cancel(id);
         let x = match self.reqs.get_mut(id)? {
             Req::Recv(rr) => {
-                rr.result = Some(Err(e));
+                rr.result = Some(Err(Box::new(e)));
                 match std::mem::replace(&mut rr.state, RState::Done) {
                     RState::Rndv {
                         stage: super::requests::Stage::Lmt(x),
                         ..
-                    } => Some(x),
+                    } => Some(*x),
                     _ => None,
                 }
             }
             Req::Send(s) => {
-                s.result = Some(Err(e));
+                s.result = Some(Err(Box::new(e)));
                 match std::mem::replace(&mut s.state, SState::Done) {
-                    SState::Lmt { x, .. } => Some(x),
+                    SState::Lmt { x, .. } => Some(*x),
                     _ => None,
                 }
             }
@@ -301,10 +300,10 @@ impl Engine {
     }
 
     /// Takes the result of a complete request and forgets it.
+    #[inline]
     pub(crate) fn finish(&mut self, id: u32) -> Result<Status, P2pError> {
-        match self.reqs.remove(id) {
-            Some(Req::Recv(RecvReq { result: Some(r), .. }))
-            | Some(Req::Send(super::requests::SendReq { result: Some(r), .. })) => r,
+        match self.reqs.take_result(id) {
+            Some(Some(r)) => r.map_err(|e| *e),
             _ => Err(P2pError::InvalidArgument(format!("request {id} has no result"))),
         }
     }
@@ -323,10 +322,10 @@ pub(crate) fn deliver_eager(rr: &mut RecvReq, src: u32, tag: i32, data: &[u8]) {
     unsafe { rr.bufs.write_at(0, data) };
     let source = rr.comm.rank_of(src).unwrap_or(src);
     rr.result = Some(if data.len() > rr.cap {
-        Err(P2pError::Truncated {
+        Err(Box::new(P2pError::Truncated {
             message_len: data.len(),
             buffer_len: rr.cap,
-        })
+        }))
     } else {
         Ok(Status {
             source,
@@ -338,7 +337,7 @@ pub(crate) fn deliver_eager(rr: &mut RecvReq, src: u32, tag: i32, data: &[u8]) {
 }
 
 /// The communicator of a request, for the rank of a failed peer.
-pub(crate) fn comm_of(r: &Req) -> &Arc<CommInner> {
+pub(crate) fn comm_of(r: &Req) -> &ReqComm {
     match r {
         Req::Recv(rr) => &rr.comm,
         Req::Send(s) => &s.comm,

@@ -75,8 +75,10 @@ impl Matching {
     /// Takes the earliest posted receive that selects a message of (`ctx`, `src`, `tag`).
     #[inline]
     pub(crate) fn take_posted(&mut self, ctx: u32, src: u32, tag: i32) -> Option<Posted> {
-        if self.posted.is_empty() {
-            return None;
+        let first = self.posted.front()?;
+        if selected(first.ctx, first.src, first.tag, ctx, src, tag) {
+            // Streams match their receives in the order they were posted.
+            return self.posted.pop_front();
         }
         let i = self
             .posted
@@ -87,12 +89,16 @@ impl Matching {
 
     /// Takes the earliest unexpected message that a receive of (`ctx`, `src`, `tag`)
     /// selects.
+    #[inline]
     pub(crate) fn take_unexpected(
         &mut self,
         ctx: u32,
         src: Option<u32>,
         tag: Option<i32>,
     ) -> Option<Unexpected> {
+        if self.unexpected.is_empty() {
+            return None;
+        }
         let i = self
             .unexpected
             .iter()

@@ -1,7 +1,7 @@
 //! Requests: what the engine knows of each unfinished send and receive, the buffers lent
 //! to it, and the table that holds them.
 
-use super::comm::CommInner;
+use super::comm::ReqComm;
 use super::{P2pError, Status};
 use nemesis_lmt::{Seg, Strategies, Strategy, Xfer};
 use std::sync::Arc;
@@ -80,7 +80,7 @@ pub(crate) enum Stage {
     /// Chunks are arriving in DATA packets; `got` bytes so far.
     Chunks { got: usize },
     /// A strategy of the LMT is moving the data.
-    Lmt(Xfer),
+    Lmt(Box<Xfer>),
 }
 
 #[derive(Debug)]
@@ -111,12 +111,16 @@ pub(crate) enum SState {
     /// Pushing chunks from `off`.
     Push { recv_id: u32, off: usize },
     /// Moving the data with a strategy of the LMT.
-    Lmt { recv_id: u32, x: Xfer },
+    Lmt { recv_id: u32, x: Box<Xfer> },
     /// Everything sent; waiting for DONE.
     WaitDone,
     /// Complete.
     Done,
 }
+
+/// A request's result once it has one; the error is boxed, as it is rare and large, so
+/// that requests stay small to move.
+pub(crate) type Outcome = Option<Result<Status, Box<P2pError>>>;
 
 /// Who hears of an owned request's end: the slot its handle shares with the engine.
 pub(crate) trait Completion: Send + Sync + std::fmt::Debug {
@@ -128,11 +132,11 @@ pub(crate) trait Completion: Send + Sync + std::fmt::Debug {
 pub(crate) struct RecvReq {
     pub bufs: Bufs,
     pub cap: usize,
-    pub comm: Arc<CommInner>,
+    pub comm: ReqComm,
     /// The source selected, as a world rank.
     pub src: Option<u32>,
     pub state: RState,
-    pub result: Option<Result<Status, P2pError>>,
+    pub result: Outcome,
     /// The request was let go: drain into nothing, and forget it when done.
     pub detached: bool,
     /// An owned request's slot, told when the request ends.
@@ -140,7 +144,7 @@ pub(crate) struct RecvReq {
 }
 
 impl RecvReq {
-    pub(crate) fn new(bufs: Bufs, cap: usize, comm: Arc<CommInner>, src: Option<u32>) -> Self {
+    pub(crate) fn new(bufs: Bufs, cap: usize, comm: ReqComm, src: Option<u32>) -> Self {
         Self {
             bufs,
             cap,
@@ -159,7 +163,7 @@ pub(crate) struct SendReq {
     pub bufs: Bufs,
     pub len: usize,
     pub dest: u32,
-    pub comm: Arc<CommInner>,
+    pub comm: ReqComm,
     pub state: SState,
     /// What the RTS offered; a revoked offer loses the strategies that read in place.
     pub offered: Strategies,
@@ -167,7 +171,7 @@ pub(crate) struct SendReq {
     pub used: Option<Strategy>,
     /// The remaining data, copied when the request was let go.
     pub owned: Option<Vec<u8>>,
-    pub result: Option<Result<Status, P2pError>>,
+    pub result: Outcome,
     pub detached: bool,
     pub owner: Option<Arc<dyn Completion>>,
 }
@@ -220,6 +224,7 @@ pub(crate) struct Requests {
 
 impl Requests {
     /// Adds `req`; its id is never 0.
+    #[inline]
     pub(crate) fn insert(&mut self, req: Req) -> Result<u32, P2pError> {
         let index = match self.free.pop() {
             Some(i) => i,
@@ -265,6 +270,23 @@ impl Requests {
         slot.req.take()
     }
 
+    /// Takes the result of request `id` and forgets the request, dropping it in place
+    /// rather than moving it out.
+    #[inline]
+    pub(crate) fn take_result(&mut self, id: u32) -> Option<Outcome> {
+        let i = self.index(id)?;
+        let slot = &mut self.slots[i];
+        let result = match slot.req.as_mut()? {
+            Req::Recv(r) => r.result.take(),
+            Req::Send(s) => s.result.take(),
+        };
+        slot.req = None;
+        slot.generation = (slot.generation + 1) & (u32::MAX >> INDEX_BITS);
+        self.free.push(i as u32);
+        self.live -= 1;
+        Some(result)
+    }
+
     /// Whether request `id` is unknown (forgotten) or complete.
     #[inline]
     pub(crate) fn finished(&self, id: u32) -> bool {
@@ -305,9 +327,12 @@ impl Requests {
                 owner: Some(o),
                 result,
                 ..
-            })) => o.complete(result.unwrap_or(Err(P2pError::InvalidArgument(
-                "the request ended without a result".into(),
-            )))),
+            })) => o.complete(match result {
+                Some(r) => r.map_err(|e| *e),
+                None => Err(P2pError::InvalidArgument(
+                    "the request ended without a result".into(),
+                )),
+            }),
             _ => {}
         }
     }
@@ -317,8 +342,8 @@ impl Requests {
 mod tests {
     use super::*;
 
-    fn comm() -> Arc<CommInner> {
-        super::super::comm::Comm::new(1, 0, vec![0], 0, 1, true, None).inner
+    fn comm() -> ReqComm {
+        ReqComm::of(&super::super::comm::Comm::new(1, 0, vec![0], 0, 1, true, None).inner)
     }
 
     #[test]

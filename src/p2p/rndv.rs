@@ -88,10 +88,10 @@ impl Rndv {
             cookie,
         } = rts;
         rr.result = Some(if total > rr.cap {
-            Err(P2pError::Truncated {
+            Err(Box::new(P2pError::Truncated {
                 message_len: total,
                 buffer_len: rr.cap,
-            })
+            }))
         } else {
             Ok(Status {
                 source,
@@ -205,12 +205,12 @@ impl Rndv {
         match reqs.get_mut(send_id) {
             Some(Req::Send(s)) if s.dest == src && !matches!(s.state, SState::Done) => {
                 if let SState::Lmt { x, .. } = std::mem::replace(&mut s.state, SState::Done) {
-                    self.retired.push(x);
+                    self.retired.push(*x);
                 }
                 if status != OK {
-                    s.result = Some(Err(P2pError::RemoteTransfer {
+                    s.result = Some(Err(Box::new(P2pError::RemoteTransfer {
                         rank: s.comm.rank_of(src).unwrap_or(src),
-                    }));
+                    })));
                 }
                 s.owned = None;
                 reqs.settle(send_id);
@@ -236,12 +236,12 @@ impl Rndv {
                     stage: Stage::Lmt(x), ..
                 } = std::mem::replace(&mut rr.state, RState::Done)
                 {
-                    self.retired.push(x);
+                    self.retired.push(*x);
                 }
                 if status != OK {
-                    rr.result = Some(Err(P2pError::RemoteTransfer {
+                    rr.result = Some(Err(Box::new(P2pError::RemoteTransfer {
                         rank: rr.comm.rank_of(src).unwrap_or(src),
-                    }));
+                    })));
                 }
                 reqs.settle(recv_id);
                 Ok(())
@@ -444,7 +444,7 @@ fn recv_step(lmt: &mut dyn Lmt, id: u32, rr: &mut RecvReq) -> After {
     let done = |rr: &mut RecvReq, err: Option<LmtError>| {
         let status = if err.is_some() { FAILED } else { OK };
         if let Some(e) = err {
-            rr.result = Some(Err(P2pError::Transfer { rank, source: e }));
+            rr.result = Some(Err(Box::new(P2pError::Transfer { rank, source: e })));
         }
         rr.state = RState::Done;
         After {
@@ -473,7 +473,7 @@ fn recv_step(lmt: &mut dyn Lmt, id: u32, rr: &mut RecvReq) -> After {
             match lmt.start_recv(peer, strategy, cookie, total, rr.cap, rr.bufs.segs(), &mut reply) {
                 Ok(x) => {
                     let mode = strategy.mode();
-                    *stage = Stage::Lmt(x);
+                    *stage = Stage::Lmt(Box::new(x));
                     After {
                         // A put waits for FIN; the others move data from the next chores.
                         keep: mode != Mode::Put,
@@ -520,7 +520,7 @@ fn send_step(lmt: &mut dyn Lmt, s: &mut SendReq) -> After {
     let done = |s: &mut SendReq, recv_id: u32, err: Option<LmtError>| {
         let status = if err.is_some() { FAILED } else { OK };
         if let Some(e) = err {
-            s.result = Some(Err(P2pError::Transfer { rank, source: e }));
+            s.result = Some(Err(Box::new(P2pError::Transfer { rank, source: e })));
         }
         s.state = SState::Done;
         s.owned = None;
@@ -538,7 +538,10 @@ fn send_step(lmt: &mut dyn Lmt, s: &mut SendReq) -> After {
             let recv_id = *recv_id;
             match lmt.start_send(s.dest, *strategy, cookie, s.len) {
                 Ok(x) => {
-                    s.state = SState::Lmt { recv_id, x };
+                    s.state = SState::Lmt {
+                        recv_id,
+                        x: Box::new(x),
+                    };
                     After::KEEP
                 }
                 Err(e) => done(s, recv_id, Some(e)),

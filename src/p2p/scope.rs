@@ -16,7 +16,6 @@ use crate::channel::Channel;
 use crate::progress::Idle;
 use nemesis_lmt::Seg;
 use std::cell::{RefCell, RefMut};
-use std::collections::HashSet;
 use std::marker::PhantomData;
 
 /// A region of code in which non-blocking operations may borrow buffers. Made by
@@ -30,7 +29,7 @@ pub struct Scope<'scope, 'env: 'scope, C: Channel> {
 impl<C: Channel> std::fmt::Debug for Scope<'_, '_, C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Scope")
-            .field("live", &self.state.live.borrow().len())
+            .field("live", &self.state.live.borrow().count())
             .finish_non_exhaustive()
     }
 }
@@ -41,7 +40,50 @@ pub(crate) struct ScopeState {
     /// Requests dropped unfinished, to release at the next call.
     dropped: RefCell<Vec<u32>>,
     /// Requests of this scope that the engine still knows.
-    live: RefCell<HashSet<u32>>,
+    live: RefCell<Live>,
+}
+
+/// The ids of a scope's unfinished requests, each at a place its [`Request`] remembers,
+/// so that adding and taking one out cost a push and a pop, whatever the order.
+#[derive(Debug, Default)]
+struct Live {
+    /// Request ids; 0 where the place is free.
+    ids: Vec<u32>,
+    /// The free places.
+    free: Vec<u32>,
+}
+
+impl Live {
+    fn add(&mut self, id: u32) -> u32 {
+        match self.free.pop() {
+            Some(at) => {
+                self.ids[at as usize] = id;
+                at
+            }
+            None => {
+                self.ids.push(id);
+                self.ids.len() as u32 - 1
+            }
+        }
+    }
+
+    fn take(&mut self, at: u32) {
+        if let Some(id) = self.ids.get_mut(at as usize)
+            && *id != 0
+        {
+            *id = 0;
+            self.free.push(at);
+        }
+    }
+
+    fn count(&self) -> usize {
+        self.ids.len() - self.free.len()
+    }
+
+    fn drain(&mut self) -> impl Iterator<Item = u32> + use<> {
+        self.free.clear();
+        std::mem::take(&mut self.ids).into_iter().filter(|&id| id != 0)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,9 +98,12 @@ enum Kind {
 pub struct Request<'scope> {
     /// The engine's id, or 0 when complete from the start.
     id: u32,
+    /// Its place in the scope's live requests.
+    at: u32,
     world: u64,
     kind: Kind,
-    ready: Option<Result<Status, P2pError>>,
+    /// The status of a request complete from the start.
+    ready: Option<Status>,
     ptr: *mut u8,
     len: usize,
     state: &'scope ScopeState,
@@ -80,6 +125,7 @@ impl std::fmt::Debug for Request<'_> {
 impl Drop for Request<'_> {
     fn drop(&mut self) {
         if self.live && self.id != 0 {
+            self.state.live.borrow_mut().take(self.at);
             self.state.dropped.borrow_mut().push(self.id);
         }
     }
@@ -144,17 +190,14 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         w
     }
 
+    #[inline]
     fn release_dropped(&self, w: &mut World<C>) {
-        let dropped: Vec<u32> = self.state.dropped.borrow_mut().drain(..).collect();
-        if !dropped.is_empty() {
-            let mut live = self.state.live.borrow_mut();
-            for id in &dropped {
-                live.remove(id);
-            }
-            drop(live);
-            for id in dropped {
-                w.release(id);
-            }
+        if self.state.dropped.borrow().is_empty() {
+            return;
+        }
+        let dropped = std::mem::take(&mut *self.state.dropped.borrow_mut());
+        for id in dropped {
+            w.release(id);
         }
     }
 
@@ -167,17 +210,21 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         }
     }
 
+    #[inline]
     fn request(&'scope self, w: &World<C>, id: u32, kind: Kind, ptr: *mut u8, len: usize) -> Request<'scope> {
-        let ready = (id == 0).then_some(Ok(Status {
+        let ready = (id == 0).then_some(Status {
             source: 0,
             tag: 0,
             len,
-        }));
-        if id != 0 {
-            self.state.live.borrow_mut().insert(id);
-        }
+        });
+        let at = if id != 0 {
+            self.state.live.borrow_mut().add(id)
+        } else {
+            0
+        };
         Request {
             id,
+            at,
             world: w.id,
             kind,
             ready,
@@ -210,11 +257,11 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
             buf.len(),
         );
         if id.is_none() {
-            r.ready = Some(Ok(Status {
+            r.ready = Some(Status {
                 source: dest,
                 tag,
                 len: buf.len(),
-            }));
+            });
         }
         Ok(r)
     }
@@ -256,11 +303,11 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         let id = w.start_send_bufs(c, dest, tag, c.ctx, Bufs::Many(segs), len, None)?;
         let mut r = self.request(&w, id.unwrap_or(0), Kind::Send, std::ptr::null_mut(), len);
         if id.is_none() {
-            r.ready = Some(Ok(Status {
+            r.ready = Some(Status {
                 source: dest,
                 tag,
                 len,
-            }));
+            });
         }
         Ok(r)
     }
@@ -312,10 +359,10 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
     /// Takes a finished request's result and its buffer back.
     fn finish(&self, w: &mut World<C>, mut r: Request<'scope>) -> Result<Done<'scope>, P2pError> {
         let result = match r.ready.take() {
-            Some(res) => res,
+            Some(st) => Ok(st),
             None => {
                 let res = w.eng.finish(r.id);
-                self.state.live.borrow_mut().remove(&r.id);
+                self.state.live.borrow_mut().take(r.at);
                 res
             }
         };

@@ -354,7 +354,10 @@ impl<C: Channel> World<C> {
     /// Fails request `id` if the peer it depends on is known to be gone.
     pub(crate) fn check_failed(&mut self, id: u32) {
         let Some(req) = self.eng.reqs.get(id) else { return };
-        let comm = engine::comm_of(req).clone();
+        let comm = match engine::comm_of(req).inner() {
+            Some(c) => c.clone(),
+            None => self.world.inner.clone(),
+        };
         let one;
         let peers: &[u32] = match req {
             Req::Recv(rr) => match (&rr.state, rr.src) {
@@ -547,7 +550,7 @@ impl<C: Channel> World<C> {
             bufs,
             len,
             dest: d,
-            comm: comm.clone(),
+            comm: super::comm::ReqComm::of(comm),
             state: SState::WaitCts,
             offered,
             used: None,
@@ -603,7 +606,7 @@ impl<C: Channel> World<C> {
         owner: Option<Arc<dyn super::requests::Completion>>,
     ) -> Result<u32, P2pError> {
         let src = Self::src_sel(comm, src)?;
-        let mut rr = RecvReq::new(bufs, cap, comm.clone(), src);
+        let mut rr = RecvReq::new(bufs, cap, super::comm::ReqComm::of(comm), src);
         rr.owner = owner;
         let id = self.eng.start_recv(rr, ctx, tag)?;
         self.settle()?;
@@ -836,7 +839,7 @@ impl<C: Channel> World<C> {
                 })
             }
             Found::Rts { src: peer, tag, rts } => {
-                let rr = RecvReq::new(Bufs::One(seg), cap, c.clone(), src);
+                let rr = RecvReq::new(Bufs::One(seg), cap, super::comm::ReqComm::of(c), src);
                 let id = self.eng.accept_rts(rr, peer, *rts, tag)?;
                 self.settle()?;
                 self.block_on(id)

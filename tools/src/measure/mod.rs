@@ -597,9 +597,11 @@ impl Pair {
                 start = Instant::now();
             }
             w.scope(|s| {
-                let reqs = (0..window)
-                    .map(|_| s.isend(&c, 1, 1, msg))
-                    .collect::<std::result::Result<Vec<_>, _>>()?;
+                // As osu_bw's array of requests: no growing while the window starts.
+                let mut reqs = Vec::with_capacity(window as usize);
+                for _ in 0..window {
+                    reqs.push(s.isend(&c, 1, 1, msg)?);
+                }
                 s.waitall(reqs).map(|_| ())
             })
             .map_err(other)?;
@@ -816,10 +818,10 @@ fn partner() -> Result<()> {
                     while left > 0 {
                         let k = left.min(depth);
                         w.scope(|s| {
-                            let reqs = sinks[..k]
-                                .iter_mut()
-                                .map(|b| s.irecv(&c, 0, 1, &mut b[..]))
-                                .collect::<std::result::Result<Vec<_>, _>>()?;
+                            let mut reqs = Vec::with_capacity(k);
+                            for b in &mut sinks[..k] {
+                                reqs.push(s.irecv(&c, 0, 1, &mut b[..])?);
+                            }
                             s.waitall(reqs).map(|_| ())
                         })
                         .map_err(other)?;
