@@ -27,6 +27,11 @@ pub const KNOWN: &[(&str, Reader, &str)] = &[
     ("NEMESIS_YIELDS", Reader::Library, "yields before sleeping"),
     ("NEMESIS_EAGER_LIMIT", Reader::Library, "largest eager message"),
     (
+        "NEMESIS_MEDIUM_LIMIT",
+        Reader::Library,
+        "largest medium message within the node",
+    ),
+    (
         "NEMESIS_FAILURE_TIMEOUT",
         Reader::Library,
         "seconds between checks of peers",

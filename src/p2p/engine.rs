@@ -5,9 +5,10 @@
 
 use super::comm::ReqComm;
 use super::matching::{Body, Matching, Posted, Unexpected};
+use super::medium::{self, Assembly, Medium, Step};
 use super::requests::{Bufs, RState, RecvReq, Req, Requests, SState};
 use super::rndv::{self, Rndv};
-use super::wire::{self, CTS, DATA, DONE, EAGER, FIN, REVOKE, REVOKED, RTS, Rts, ctrl};
+use super::wire::{self, CTS, DATA, DONE, EAGER, FIN, MDATA, MEDIUM, REVOKE, REVOKED, RTS, Rts, ctrl};
 use super::{P2pError, Status};
 use crate::channel::{Channel, Header};
 use crate::progress::Outbox;
@@ -18,6 +19,7 @@ pub(crate) struct Engine {
     pub(crate) matching: Matching,
     pub(crate) reqs: Requests,
     pub(crate) rndv: Rndv,
+    pub(crate) medium: Medium,
     /// Control packets produced while handling, sent by the chores.
     out: Outbox,
     fault: Option<P2pError>,
@@ -33,6 +35,7 @@ impl Engine {
             matching: Matching::default(),
             reqs: Requests::default(),
             rndv: Rndv::default(),
+            medium: Medium::new(size),
             out: Outbox::new(size),
             fault: None,
             chores: false,
@@ -76,6 +79,8 @@ impl Engine {
                 self.on_rts(src, h, payload);
                 Ok(())
             }
+            MEDIUM => self.on_medium(src, h, payload),
+            MDATA => self.on_mdata(src, payload),
             CTS => self.rndv.on_cts(&mut self.reqs, src, h.aux, payload),
             DATA => self
                 .rndv
@@ -113,6 +118,113 @@ impl Engine {
             tag,
             body: Body::Eager(data.to_vec()),
         });
+    }
+
+    /// The first packet of a medium message: matched now if a receive is posted for it,
+    /// else gathered aside.
+    fn on_medium(&mut self, src: u32, h: Header, first: &[u8]) -> Result<(), String> {
+        let total = h.aux as usize;
+        self.medium.check_first(src, total, first.len())?;
+        let (ctx, tag) = (h.context, h.tag);
+        let into = match self.matching.take_posted(ctx, src, tag) {
+            Some(q) => {
+                if let Some(Req::Recv(rr)) = self.reqs.get_mut(q.id) {
+                    // SAFETY: the buffer is lent (see `Bufs`) and not otherwise in use.
+                    unsafe { rr.bufs.write_at(0, first) };
+                    rr.state = RState::Arriving { peer: src };
+                }
+                medium::Target::Req(q.id)
+            }
+            None => {
+                let mut v = Vec::with_capacity(total);
+                v.extend_from_slice(first);
+                medium::Target::Buffer(v)
+            }
+        };
+        let a = Assembly {
+            into,
+            ctx,
+            tag,
+            total,
+            got: first.len(),
+        };
+        if a.got == total {
+            self.medium_whole(src, a);
+        } else {
+            self.medium.begin(src, a);
+        }
+        Ok(())
+    }
+
+    /// The next bytes of the medium message `src` has under way.
+    fn on_mdata(&mut self, src: u32, data: &[u8]) -> Result<(), String> {
+        let (id, at, whole) = match self.medium.next(src, data)? {
+            Step::Part(Some(id), at) => (id, at, None),
+            Step::Part(None, _) => return Ok(()),
+            Step::Whole(a) => match a.into {
+                medium::Target::Req(id) => (id, a.got - data.len(), Some(a)),
+                _ => {
+                    self.medium_whole(src, a);
+                    return Ok(());
+                }
+            },
+        };
+        if let Some(Req::Recv(rr)) = self.reqs.get_mut(id)
+            && matches!(rr.state, RState::Arriving { .. })
+        {
+            // SAFETY: the buffer is lent (see `Bufs`), or empty once released.
+            unsafe { rr.bufs.write_at(at, data) };
+        }
+        if let Some(a) = whole {
+            self.medium_whole(src, a);
+        }
+        Ok(())
+    }
+
+    /// A medium message is whole: its receive completes, or, gathered aside, it is
+    /// matched now or waits with the unexpected messages.
+    fn medium_whole(&mut self, src: u32, a: Assembly) {
+        match a.into {
+            medium::Target::Req(id) => {
+                if let Some(Req::Recv(rr)) = self.reqs.get_mut(id)
+                    && matches!(rr.state, RState::Arriving { .. })
+                {
+                    complete_recv(rr, src, a.tag, a.total);
+                    self.reqs.settle(id);
+                }
+            }
+            medium::Target::Buffer(data) => {
+                if let Some(q) = self.matching.take_posted(a.ctx, src, a.tag) {
+                    if let Some(Req::Recv(rr)) = self.reqs.get_mut(q.id) {
+                        deliver_eager(rr, src, a.tag, &data);
+                        self.reqs.settle(q.id);
+                    }
+                    return;
+                }
+                self.matching.arrived(Unexpected {
+                    src,
+                    ctx: a.ctx,
+                    tag: a.tag,
+                    body: Body::Eager(data),
+                });
+            }
+            medium::Target::Discard => {}
+        }
+    }
+
+    /// A blocking receive that took the first packets of a medium message itself gives
+    /// up (it failed): the rest of the message is drained into nothing.
+    pub(crate) fn discard_medium(&mut self, src: u32, ctx: u32, tag: i32, total: usize, got: usize) {
+        self.medium.begin(
+            src,
+            Assembly {
+                into: medium::Target::Discard,
+                ctx,
+                tag,
+                total,
+                got,
+            },
+        );
     }
 
     /// The RTS in `payload`, or `None` (and a fault) if it is malformed.
@@ -320,18 +432,20 @@ impl Engine {
 pub(crate) fn deliver_eager(rr: &mut RecvReq, src: u32, tag: i32, data: &[u8]) {
     // SAFETY: the buffer is lent (see `Bufs`) and not otherwise in use.
     unsafe { rr.bufs.write_at(0, data) };
+    complete_recv(rr, src, tag, data.len());
+}
+
+/// Completes a receive whose `len`-byte message from `src` is in its buffer (as much of
+/// it as fits).
+fn complete_recv(rr: &mut RecvReq, src: u32, tag: i32, len: usize) {
     let source = rr.comm.rank_of(src).unwrap_or(src);
-    rr.result = Some(if data.len() > rr.cap {
+    rr.result = Some(if len > rr.cap {
         Err(Box::new(P2pError::Truncated {
-            message_len: data.len(),
+            message_len: len,
             buffer_len: rr.cap,
         }))
     } else {
-        Ok(Status {
-            source,
-            tag,
-            len: data.len(),
-        })
+        Ok(Status { source, tag, len })
     });
     rr.state = RState::Done;
 }

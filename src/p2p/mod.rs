@@ -42,6 +42,7 @@ mod coll;
 mod comm;
 mod engine;
 mod matching;
+mod medium;
 mod node;
 mod owned;
 mod requests;
@@ -181,6 +182,10 @@ impl P2pError {
 /// stops paying for the copy that an unexpected eager message costs its receiver.
 pub const DEFAULT_NET_EAGER_LIMIT: usize = 32 << 10;
 
+/// The medium limit unless `NEMESIS_MEDIUM_LIMIT` says: chosen by measurement (see
+/// BENCHMARKS.md), as the size up to which a run of packets beats a rendezvous.
+pub const DEFAULT_MEDIUM_LIMIT: usize = 256 << 10;
+
 /// Tunables, from the environment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Config {
@@ -194,6 +199,10 @@ pub struct Config {
     /// How often a blocked operation checks that its peers are alive
     /// (`NEMESIS_FAILURE_TIMEOUT`): a receive from a dead peer fails within about this.
     pub failure_check: Duration,
+    /// Messages to a rank on this node longer than the eager limit and at most this many
+    /// bytes go as a run of packets without a handshake (`NEMESIS_MEDIUM_LIMIT`; 0 turns
+    /// it off; at most 1 MiB); larger ones by rendezvous.
+    pub medium_limit: usize,
     /// Whether communicators whose members all share the node run barrier and small
     /// allreduce through the node's shared blocks (`NEMESIS_NODE_COLLECTIVES`, 1 or 0).
     /// Every rank must use the same setting.
@@ -224,6 +233,13 @@ impl Config {
                 (n.min(max_payload), n)
             }
         };
+        let medium_limit = match get("NEMESIS_MEDIUM_LIMIT") {
+            None => DEFAULT_MEDIUM_LIMIT,
+            Some(v) => nemesis_shm::config::parse_size(&v)
+                .and_then(|n| usize::try_from(n).ok())
+                .filter(|&n| n <= medium::MEDIUM_MAX)
+                .ok_or_else(|| bad("NEMESIS_MEDIUM_LIMIT", &v, "expected a size from 0 to 1M"))?,
+        };
         let failure_check = crate::progress::Config::from_lookup(&get)?.failure_check;
         let node_collectives = match get("NEMESIS_NODE_COLLECTIVES").as_deref().map(str::trim) {
             None | Some("1") => true,
@@ -233,6 +249,7 @@ impl Config {
         Ok(Self {
             eager_limit,
             net_eager_limit,
+            medium_limit,
             failure_check,
             node_collectives,
         })

@@ -87,6 +87,8 @@ pub(crate) enum Stage {
 pub(crate) enum RState {
     /// In the posted queue.
     Posted,
+    /// Matched to a medium message from `peer` whose packets are arriving.
+    Arriving { peer: u32 },
     /// Matched to a large message that is on its way.
     Rndv {
         peer: u32,

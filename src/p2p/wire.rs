@@ -13,6 +13,9 @@
 //!   sender's side failed.
 //! - REVOKE / REVOKED (aux: send id): a sender letting go of a request whose RTS offered
 //!   its pages to be read in place asks the receiver not to, and waits for the answer.
+//! - MEDIUM (aux: the message's length): the first packet of a medium message; context
+//!   and tag are the message's. MDATA (aux 0): the next bytes of the medium message its
+//!   source has under way (see `medium.rs`).
 //!
 //! A get (CMA) needs no CTS: the receiver reads as soon as it matches, then sends DONE.
 //! Nothing here trusts the peer: every parser says what is wrong instead of panicking.
@@ -29,6 +32,8 @@ pub(crate) const DONE: u16 = ProtocolId::P2P.kind(0x05);
 pub(crate) const FIN: u16 = ProtocolId::P2P.kind(0x06);
 pub(crate) const REVOKE: u16 = ProtocolId::P2P.kind(0x07);
 pub(crate) const REVOKED: u16 = ProtocolId::P2P.kind(0x08);
+pub(crate) const MEDIUM: u16 = ProtocolId::P2P.kind(0x09);
+pub(crate) const MDATA: u16 = ProtocolId::P2P.kind(0x0a);
 
 /// Status bytes of DONE and FIN.
 pub(crate) const OK: u8 = 0;

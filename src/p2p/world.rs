@@ -3,10 +3,11 @@
 
 use super::comm::{Comm, CommInner};
 use super::engine::{self, Engine};
+use super::matching::Body;
 use super::node::{NodeColl, NodeWaiter};
 use super::owned::Mailbox;
 use super::requests::{Bufs, RecvReq, Req, SState, SendReq};
-use super::wire::{self, EAGER, REVOKE, RTS, Rts};
+use super::wire::{self, EAGER, MDATA, MEDIUM, REVOKE, RTS, Rts};
 use super::{Config, Locality, P2pError, Status};
 use crate::channel::{Channel, Header, NemesisChannel, Packet, Rank, SendStatus, WaitPolicy};
 use crate::progress::{Core, Idle, Others, Protocol, ProtocolId, RegistryError, Tick};
@@ -361,7 +362,10 @@ impl<C: Channel> World<C> {
         let one;
         let peers: &[u32] = match req {
             Req::Recv(rr) => match (&rr.state, rr.src) {
-                (super::requests::RState::Rndv { peer, .. }, _) => {
+                (
+                    super::requests::RState::Rndv { peer, .. } | super::requests::RState::Arriving { peer },
+                    _,
+                ) => {
                     one = [*peer];
                     &one
                 }
@@ -535,6 +539,13 @@ impl<C: Channel> World<C> {
             };
             return Ok(None);
         }
+        if len <= self.cfg.medium_limit
+            && self.locality.get(d as usize) == Some(&Locality::Local)
+            && self.core.ch.room_for(d)
+        {
+            self.send_medium(d, ctx, tag, &bufs, len)?;
+            return Ok(None);
+        }
         let mut rts = wire::rts_head(len);
         let mut offered = match self.core.ch.lmt() {
             Some(l) => l.offer(d, bufs.segs(), len, &mut rts),
@@ -578,6 +589,34 @@ impl<C: Channel> World<C> {
             return Err(e.into());
         }
         Ok(Some(id))
+    }
+
+    /// Sends a medium message: its packets back to back, the first announcing the length
+    /// (see `medium.rs`). Complete on return, as an eager send is.
+    fn send_medium(&mut self, d: u32, ctx: u32, tag: i32, bufs: &Bufs, len: usize) -> Result<(), P2pError> {
+        let max = self.core.ch.max_payload_to(d);
+        let mut h = Header {
+            kind: MEDIUM,
+            context: ctx,
+            tag,
+            aux: len as u32,
+            flags: 0,
+        };
+        let mut off = 0;
+        while off < len {
+            let n = max.min(len - off);
+            match bufs {
+                Bufs::One(s) if !s.ptr.is_null() => {
+                    // SAFETY: the caller lends the buffer for this call; `off + n <= len`.
+                    let data = unsafe { std::slice::from_raw_parts(s.ptr.cast_const().add(off), n) };
+                    self.core.ch.send_bytes(d, h, data)?
+                }
+                b => self.core.ch.send(d, h, &b.slices(off, n))?,
+            };
+            h = wire::ctrl(MDATA, 0);
+            off += n;
+        }
+        Ok(())
     }
 
     /// Starts a send of `buf`, lent for the request's life.
@@ -720,6 +759,7 @@ impl<C: Channel> World<C> {
                     tag: tag.unwrap_or(FRESH_ANY_TAG),
                     buf: &mut *buf,
                     found: None,
+                    arriving: None,
                 };
                 let (ch, mut others) = self.core.split();
                 let eng = &mut self.eng;
@@ -739,11 +779,11 @@ impl<C: Channel> World<C> {
                             len,
                         });
                     }
-                    let found = f.found;
-                    return self.recv_fresh(c, ctx, src_w, tag, buf, found);
+                    let (found, arriving) = (f.found, f.arriving);
+                    return self.recv_fresh(c, ctx, src_w, tag, buf, found, arriving);
                 }
             }
-            return self.recv_fresh(c, ctx, src_w, tag, buf, None);
+            return self.recv_fresh(c, ctx, src_w, tag, buf, None, None);
         }
         self.recv_posted(c, ctx, src, tag, buf)
     }
@@ -764,8 +804,10 @@ impl<C: Channel> World<C> {
 
     /// A blocking receive with nothing posted and nothing matching waiting: fresh packets
     /// are matched against it as they are polled, without a posted entry (the receive
-    /// queue bypass). `src` is a world rank. `found` is what a first look found already.
+    /// queue bypass). `src` is a world rank. `found` is what a first look found already,
+    /// and `arriving` the medium message it began to take.
     #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
     fn recv_fresh(
         &mut self,
         c: &Arc<CommInner>,
@@ -774,55 +816,26 @@ impl<C: Channel> World<C> {
         tag: Option<i32>,
         buf: &mut [u8],
         found: Option<Found>,
+        arriving: Option<Arriving>,
     ) -> Result<Status, P2pError> {
         let (seg, cap) = (Seg::of_mut(buf), buf.len());
-        let mut idle = Idle::new();
         let mut f = Fresh {
             ctx,
             src: src.unwrap_or(FRESH_ANY_SRC),
             tag: tag.unwrap_or(FRESH_ANY_TAG),
             buf,
             found,
+            arriving,
         };
-        let mut round = 0u32;
-        // Only a local source has a fastbox to look in.
-        let boxed = src.filter(|&s| s != self.rank() && self.core.ch.is_local(s));
-        let found = loop {
-            if let Some(found) = f.found.take() {
-                // What the poll left to do must not cost this receive its message: a
-                // failure is reported by the next call instead.
-                if let Err(e) = self.settle() {
-                    self.eng.defer(e);
+        let found = match self.fresh_loop(c, src, tag, &mut f) {
+            Ok(found) => found,
+            Err(e) => {
+                // The rest of a medium message this receive began to take is drained.
+                if let Some(a) = f.arriving.take() {
+                    self.eng.discard_medium(a.src, ctx, a.tag, a.total, a.got);
                 }
-                break found;
+                return Err(e);
             }
-            round = round.wrapping_add(1);
-            // A named source's next message most likely comes through its fastbox: look
-            // there alone, and at everything (the queue, the network, every protocol's
-            // packets, the chores) on every few rounds.
-            if let Some(s) = boxed
-                && round % FULL_POLL_EVERY != 0
-            {
-                let (ch, mut others) = self.core.split();
-                let eng = &mut self.eng;
-                if ch.poll_from(s, |p| f.offer(eng, &mut others, p)) || idle.tight() {
-                    continue;
-                }
-            }
-            self.release_dropped();
-            let (ch, mut others) = self.core.split();
-            let eng = &mut self.eng;
-            let polled = ch.poll(|p| f.offer(eng, &mut others, p));
-            if f.found.is_some() {
-                continue;
-            }
-            polled?;
-            self.settle()?;
-            let what = || describe_recv(c, src, tag);
-            self.idle(&mut idle, &what, &mut |w| match w.peer_failed(c, src) {
-                Some(e) => Err(e),
-                None => Ok(()),
-            })?;
         };
         match found {
             Found::Eager { src, tag, len } => {
@@ -844,6 +857,62 @@ impl<C: Channel> World<C> {
                 self.settle()?;
                 self.block_on(id)
             }
+        }
+    }
+
+    /// The polling of [`World::recv_fresh`], until `f` has found its message.
+    fn fresh_loop(
+        &mut self,
+        c: &Arc<CommInner>,
+        src: Option<u32>,
+        tag: Option<i32>,
+        f: &mut Fresh<'_>,
+    ) -> Result<Found, P2pError> {
+        let mut idle = Idle::new();
+        let mut round = 0u32;
+        // Only a local source has a fastbox to look in.
+        let boxed = src.filter(|&s| s != self.rank() && self.core.ch.is_local(s));
+        loop {
+            if let Some(found) = f.found.take() {
+                // What the poll left to do must not cost this receive its message: a
+                // failure is reported by the next call instead.
+                if let Err(e) = self.settle() {
+                    self.eng.defer(e);
+                }
+                return Ok(found);
+            }
+            round = round.wrapping_add(1);
+            // A named source's next message most likely comes through its fastbox: look
+            // there alone, and at everything (the queue, the network, every protocol's
+            // packets, the chores) on every few rounds.
+            if let Some(s) = boxed
+                && round % FULL_POLL_EVERY != 0
+            {
+                let (ch, mut others) = self.core.split();
+                let eng = &mut self.eng;
+                if ch.poll_from(s, |p| f.offer(eng, &mut others, p)) || idle.tight() {
+                    continue;
+                }
+            }
+            self.release_dropped();
+            let (ch, mut others) = self.core.split();
+            let eng = &mut self.eng;
+            let polled = ch.poll(|p| f.offer(eng, &mut others, p));
+            if f.found.is_some() {
+                continue;
+            }
+            let progressed = polled? > 0;
+            self.settle()?;
+            if progressed && f.arriving.is_some() {
+                // A medium message is on its way: its next packets are close behind.
+                idle = Idle::new();
+                continue;
+            }
+            let what = || describe_recv(c, src, tag);
+            self.idle(&mut idle, &what, &mut |w| match w.peer_failed(c, src) {
+                Some(e) => Err(e),
+                None => Ok(()),
+            })?;
         }
     }
 
@@ -1104,6 +1173,16 @@ const FRESH_ANY_SRC: u32 = u32::MAX;
 /// Matches any tag in a [`Fresh`] receive; tags are not negative.
 const FRESH_ANY_TAG: i32 = -1;
 
+/// A medium message that a [`Fresh`] receive is taking: its packets from `src` go
+/// straight into the receive's buffer.
+#[derive(Debug)]
+struct Arriving {
+    src: u32,
+    tag: i32,
+    total: usize,
+    got: usize,
+}
+
 /// A blocking `recv` with nothing else posted, offered each fresh packet first.
 struct Fresh<'b> {
     ctx: u32,
@@ -1111,6 +1190,7 @@ struct Fresh<'b> {
     tag: i32,
     buf: &'b mut [u8],
     found: Option<Found>,
+    arriving: Option<Arriving>,
 }
 
 impl Fresh<'_> {
@@ -1118,8 +1198,15 @@ impl Fresh<'_> {
     #[inline(always)]
     fn offer(&mut self, eng: &mut Engine, others: &mut Others<'_>, p: Packet<'_>) {
         let h = p.header;
+        if let Some(a) = &mut self.arriving
+            && a.src == p.src
+        {
+            self.take_mdata(eng, p);
+            return;
+        }
         if self.found.is_none()
-            && (h.kind == EAGER || h.kind == RTS)
+            && self.arriving.is_none()
+            && (h.kind == EAGER || h.kind == RTS || h.kind == MEDIUM)
             && h.context == self.ctx
             && (self.src == FRESH_ANY_SRC || self.src == p.src)
             && (self.tag == FRESH_ANY_TAG || self.tag == h.tag)
@@ -1132,6 +1219,8 @@ impl Fresh<'_> {
                     tag: h.tag,
                     len: p.payload.len(),
                 });
+            } else if h.kind == MEDIUM {
+                self.take_medium(eng, p);
             } else if let Some(rts) = eng.parse_rts(p.src, h.aux, p.payload) {
                 self.found = Some(Found::Rts {
                     src: p.src,
@@ -1141,6 +1230,89 @@ impl Fresh<'_> {
             }
             return;
         }
-        dispatch(eng, others, p)
+        let late = h.kind == MDATA && self.found.is_none() && self.arriving.is_none();
+        dispatch(eng, others, p);
+        if late {
+            self.take_late(eng);
+        }
+    }
+
+    /// After the engine took the last packet of a medium message it had gathered aside:
+    /// if that message waits unexpected and selects this receive, it is this receive's,
+    /// for nothing that selected it was waiting when the receive began.
+    #[cold]
+    fn take_late(&mut self, eng: &mut Engine) {
+        let src = (self.src != FRESH_ANY_SRC).then_some(self.src);
+        let tag = (self.tag != FRESH_ANY_TAG).then_some(self.tag);
+        let Some(u) = eng.matching.take_unexpected(self.ctx, src, tag) else {
+            return;
+        };
+        self.found = Some(match u.body {
+            Body::Eager(data) => {
+                let n = data.len().min(self.buf.len());
+                self.buf[..n].copy_from_slice(&data[..n]);
+                Found::Eager {
+                    src: u.src,
+                    tag: u.tag,
+                    len: data.len(),
+                }
+            }
+            Body::Rts(rts) => Found::Rts {
+                src: u.src,
+                tag: u.tag,
+                rts: Box::new(rts),
+            },
+        });
+    }
+
+    /// The first packet of a medium message for this receive.
+    #[cold]
+    fn take_medium(&mut self, eng: &mut Engine, p: Packet<'_>) {
+        let total = p.header.aux as usize;
+        if let Err(what) = eng.medium.check_first(p.src, total, p.payload.len()) {
+            eng.fault(p.src, what);
+            return;
+        }
+        let n = p.payload.len().min(self.buf.len());
+        nemesis_shm::region::copy_into(&mut self.buf[..n], &p.payload[..n]);
+        self.arriving = Some(Arriving {
+            src: p.src,
+            tag: p.header.tag,
+            total,
+            got: p.payload.len(),
+        });
+        self.whole_yet();
+    }
+
+    /// The next packet from the source of the medium message this receive is taking:
+    /// its next bytes.
+    fn take_mdata(&mut self, eng: &mut Engine, p: Packet<'_>) {
+        let Some(a) = &mut self.arriving else { return };
+        if p.header.kind != MDATA || a.got + p.payload.len() > a.total {
+            // The rest of the message cannot be told apart any more: the receive fails.
+            self.arriving = None;
+            eng.fault(p.src, "a medium message broken off or overrun");
+            return;
+        }
+        let at = a.got;
+        a.got += p.payload.len();
+        if at < self.buf.len() {
+            let n = p.payload.len().min(self.buf.len() - at);
+            nemesis_shm::region::copy_into(&mut self.buf[at..at + n], &p.payload[..n]);
+        }
+        self.whole_yet();
+    }
+
+    fn whole_yet(&mut self) {
+        if let Some(a) = &self.arriving
+            && a.got == a.total
+        {
+            self.found = Some(Found::Eager {
+                src: a.src,
+                tag: a.tag,
+                len: a.total,
+            });
+            self.arriving = None;
+        }
     }
 }

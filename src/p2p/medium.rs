@@ -1,0 +1,156 @@
+//! Medium messages: longer than one packet and at most the medium limit, sent to a local
+//! peer as a run of packets without a handshake (MEDIUM, then MDATA until the length is
+//! reached), so a 64 KiB message costs a pipelined copy in and out rather than a round
+//! trip before the data moves.
+//!
+//! The channel keeps a pair's packets in order and the sender puts a message's packets
+//! into it back to back, so every MDATA from a source continues the one message that
+//! source has under way: the receiver keeps one assembly per source. A message is
+//! matched when its first packet arrives, if a receive is posted for it; otherwise it
+//! is gathered aside and offered to the posted receives, then to the unexpected queue,
+//! once whole. Until then nothing else from its source can arrive, so matching it late
+//! keeps the order between a pair.
+
+/// The largest medium message a receiver accepts, whatever the sender's limit: what one
+/// source can make it gather aside.
+pub(crate) const MEDIUM_MAX: usize = 1 << 20;
+
+/// Where the rest of a medium message goes.
+#[derive(Debug)]
+pub(crate) enum Target {
+    /// Straight into posted receive `id`.
+    Req(u32),
+    /// Aside, for a receive that is not posted yet.
+    Buffer(Vec<u8>),
+    /// Nowhere: its receiver let it go.
+    Discard,
+}
+
+/// A medium message under way from one source.
+#[derive(Debug)]
+pub(crate) struct Assembly {
+    pub into: Target,
+    pub ctx: u32,
+    pub tag: i32,
+    pub total: usize,
+    /// Bytes arrived so far.
+    pub got: usize,
+}
+
+/// The assemblies under way, one slot per world rank.
+#[derive(Debug)]
+pub(crate) struct Medium {
+    arriving: Vec<Option<Assembly>>,
+}
+
+impl Medium {
+    pub(crate) fn new(size: u32) -> Self {
+        Self {
+            arriving: (0..size).map(|_| None).collect(),
+        }
+    }
+
+    /// Checks the first packet of a medium message of `total` bytes from `src`,
+    /// carrying `first` of them.
+    pub(crate) fn check_first(&self, src: u32, total: usize, first: usize) -> Result<(), String> {
+        if self.arriving.get(src as usize).is_some_and(Option::is_some) {
+            return Err("a medium message began before the last one ended".into());
+        }
+        if total > MEDIUM_MAX || first > total {
+            return Err(format!(
+                "a medium message of {total} bytes whose first packet holds {first}"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Starts gathering the rest of the message from `src` into `a`.
+    pub(crate) fn begin(&mut self, src: u32, a: Assembly) {
+        if let Some(slot) = self.arriving.get_mut(src as usize) {
+            *slot = Some(a);
+        }
+    }
+
+    /// `data` arrived from `src`: returns where it goes and at what offset, and whether
+    /// the message is now whole (then the assembly is taken out and returned).
+    pub(crate) fn next(&mut self, src: u32, data: &[u8]) -> Result<Step, String> {
+        let i = src as usize;
+        let (at, total) = match self.arriving.get(i) {
+            None => return Err("MDATA from a rank outside the job".into()),
+            Some(None) => return Err("MDATA with no medium message under way".into()),
+            Some(Some(a)) => (a.got, a.total),
+        };
+        if at + data.len() > total {
+            self.arriving[i] = None;
+            return Err(format!("MDATA beyond the {total} bytes announced"));
+        }
+        let slot = &mut self.arriving[i];
+        let a = slot.as_mut().expect("an assembly");
+        a.got += data.len();
+        if let Target::Buffer(v) = &mut a.into {
+            v.extend_from_slice(data);
+        }
+        let req = match a.into {
+            Target::Req(id) => Some(id),
+            _ => None,
+        };
+        if a.got == total {
+            return Ok(Step::Whole(slot.take().expect("an assembly")));
+        }
+        Ok(Step::Part(req, at))
+    }
+}
+
+/// What an MDATA packet did.
+#[derive(Debug)]
+pub(crate) enum Step {
+    /// More is to come; the bytes belong at this offset of this receive, if they go
+    /// straight into one (a buffer has taken them already).
+    Part(Option<u32>, usize),
+    /// The message is whole (a buffer has taken the last bytes; a request has not).
+    Whole(Assembly),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gather(total: usize) -> Assembly {
+        Assembly {
+            into: Target::Buffer(Vec::new()),
+            ctx: 0,
+            tag: 1,
+            total,
+            got: 0,
+        }
+    }
+
+    #[test]
+    fn assembles_in_order_and_refuses_what_does_not_fit() {
+        let mut m = Medium::new(3);
+        assert!(m.next(1, b"x").is_err(), "MDATA with nothing under way");
+        assert!(m.next(7, b"x").is_err(), "MDATA from outside the job");
+        m.check_first(1, 6, 2).unwrap();
+        let mut a = gather(6);
+        a.got = 2;
+        if let Target::Buffer(v) = &mut a.into {
+            v.extend_from_slice(b"ab");
+        }
+        m.begin(1, a);
+        assert!(m.check_first(1, 6, 2).is_err(), "a second first packet");
+        assert!(matches!(m.next(1, b"cd").unwrap(), Step::Part(None, 2)));
+        match m.next(1, b"ef").unwrap() {
+            Step::Whole(a) => match a.into {
+                Target::Buffer(v) => assert_eq!(v, b"abcdef"),
+                other => panic!("{other:?}"),
+            },
+            other => panic!("{other:?}"),
+        }
+        m.check_first(1, 6, 2).unwrap();
+        assert!(m.check_first(2, MEDIUM_MAX + 1, 10).is_err());
+        assert!(m.check_first(2, 4, 10).is_err());
+        m.begin(2, gather(4));
+        assert!(m.next(2, b"12345").is_err(), "past the announced length");
+        m.check_first(2, 4, 1).expect("a broken message is dropped");
+    }
+}
