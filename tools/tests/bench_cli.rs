@@ -56,7 +56,7 @@ fn stream_ring_and_memory_json() {
             "bw", "--layer", "channel", "--sizes", "64,20K", "--iters", "3", "--warmup", "1", "--rounds",
             "1", "--json",
         ])[1],
-        &["size", "mb_s", "mib_s"],
+        &["size", "mb_s"],
     );
     let bw = json_lines(&[
         "bw",
@@ -75,8 +75,42 @@ fn stream_ring_and_memory_json() {
     assert_eq!(bw.len(), 6);
     for l in &bw {
         assert!(l.contains("\"bench\":\"bw\""), "{l}");
-        has(l, &["size", "mib_s", "memcpy_mib_s", "lmt", "used", "probe_ns"]);
+        has(
+            l,
+            &[
+                "size",
+                "mb_s",
+                "memcpy_mb_s",
+                "lmt",
+                "used",
+                "probe_ns",
+                "recv_buffers",
+            ],
+        );
+        assert!(!l.contains("mib_s"), "one unit: {l}");
     }
+    assert!(
+        bw[3].contains("\"lmt\":\"auto\"") && bw[3].contains("\"used\":\"medium\""),
+        "64 KiB goes as a medium message: {}",
+        bw[3]
+    );
+    let osu = json_lines(&[
+        "bw", "--osu", "--sizes", "1K,300K", "--iters", "2", "--warmup", "1", "--rounds", "1", "--json",
+    ]);
+    assert_eq!(osu.len(), 2);
+    for l in &osu {
+        assert!(l.contains("\"recv_buffers\":\"one\""), "{l}");
+    }
+    // Above a cell the two-sided latency is measured, without a channel figure beside it.
+    let lat = json_lines(&[
+        "latency", "--layer", "p2p", "--sizes", "8,64K", "--iters", "50", "--warmup", "5", "--rounds", "1",
+        "--json",
+    ]);
+    assert_eq!(lat.len(), 2);
+    assert!(
+        lat[0].contains("channel_ratio") && !lat[1].contains("channel_ratio"),
+        "{lat:?}"
+    );
     assert!(
         bw[4].contains("\"lmt\":\"ring\"") && bw[4].contains("\"used\":\"ring\""),
         "{}",
@@ -88,11 +122,18 @@ fn stream_ring_and_memory_json() {
         .unwrap();
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--lmt carrier-pigeon"));
-    has(
-        &json_lines(&[
-            "msgrate", "--sizes", "8", "--iters", "3", "--warmup", "1", "--rounds", "1", "--json",
-        ])[0],
-        &["msgs_per_s"],
+    let rate = &json_lines(&[
+        "msgrate", "--sizes", "8", "--iters", "3", "--warmup", "1", "--rounds", "1", "--json",
+    ])[0];
+    has(rate, &["msgs_per_s", "channel_msgs_per_s", "channel_ratio"]);
+    assert!(rate.contains("\"layer\":\"p2p\""), "two-sided by default: {rate}");
+    let rate = &json_lines(&[
+        "msgrate", "--layer", "channel", "--sizes", "8", "--iters", "3", "--warmup", "1", "--rounds", "1",
+        "--json",
+    ])[0];
+    assert!(
+        rate.contains("\"layer\":\"channel\"") && !rate.contains("channel_ratio"),
+        "{rate}"
     );
     has(
         &json_lines(&["ring", "--procs", "3", "--messages", "100", "--json"])[0],
@@ -157,8 +198,8 @@ fn network_transports_carry_their_name_and_the_plain_tcp_reference() {
         "--json",
     ]);
     assert_eq!(bw.len(), 4);
-    assert!(!bw[0].contains("tcp_mib_s") && bw[1].contains("\"transport\":\"udp\""));
-    has(&bw[3], &["mib_s", "tcp_mib_s", "tcp_ratio", "used"]);
+    assert!(!bw[0].contains("tcp_mb_s") && bw[1].contains("\"transport\":\"udp\""));
+    has(&bw[3], &["mb_s", "tcp_mb_s", "tcp_ratio", "used"]);
     assert!(bw[3].contains("\"used\":\"chunks\""), "{}", bw[3]);
     let o = Command::new(BENCH)
         .args(["latency", "--transport", "tcp,tcp", "--rounds", "1"])

@@ -40,7 +40,8 @@ enum Cmd {
     /// Streaming bandwidth (osu_bw: windows of messages, each window acknowledged),
     /// through two-sided messaging and its large-message strategies, next to memcpy.
     Bw(BwArgs),
-    /// Message rate: as bw, counting messages.
+    /// Message rate: windows of small non-blocking sends, as bw streams them, counted in
+    /// messages; two-sided by default, next to the channel's own rate.
     Msgrate(RateArgs),
     /// A token passed round a ring of processes, which may outnumber the CPUs.
     Ring(RingArgs),
@@ -148,7 +149,8 @@ struct BwArgs {
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..))]
     window: u64,
     /// Most timed windows per round; fewer for large messages, so that a round moves
-    /// about 256 MiB.
+    /// about 256 MiB, but never fewer than one window (one window of 64 messages of
+    /// 16 MiB is 1 GiB).
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..))]
     iters: u64,
     /// Most untimed windows before each round.
@@ -168,14 +170,19 @@ struct BwArgs {
     /// shm, tcp, udp (the network ones with shared memory turned off, on loopback).
     #[arg(long, value_delimiter = ',', value_parser = transport, default_value = "shm")]
     transport: Vec<Transport>,
+    /// One receive buffer, as osu_bw's receiver has, instead of one per message of the
+    /// window: the window is received in turn into it (two pending receives cannot share
+    /// a buffer in safe Rust). Named "recv_buffers" in the JSON.
+    #[arg(long)]
+    osu: bool,
 }
 
 /// Bytes a bandwidth round aims to move.
 const BW_ROUND_BYTES: u64 = 256 << 20;
 
 /// Single-thread memcpy bandwidth for `size`-byte copies between two buffers that are
-/// reused, as the benchmark's own buffers are: MiB/s.
-fn memcpy_mib_s(size: usize) -> f64 {
+/// reused, as the benchmark's own buffers are: MB/s (10^6 bytes a second).
+fn memcpy_mb_s(size: usize) -> f64 {
     let mut src = measure::PageAligned::new(size.max(1));
     src.fill(0x5a);
     let mut dst = measure::PageAligned::new(size.max(1));
@@ -186,7 +193,7 @@ fn memcpy_mib_s(size: usize) -> f64 {
         dst.copy_from_slice(std::hint::black_box(&*src));
         std::hint::black_box(&mut *dst);
     }
-    (reps * size as u64) as f64 / t.elapsed().as_secs_f64() / 1048576.0
+    (reps * size as u64) as f64 / t.elapsed().as_secs_f64() / 1e6
 }
 
 fn strategy_arg(name: &str) -> Result<Option<nemesis::lmt::Strategy>> {
@@ -208,39 +215,48 @@ fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Result<()> {
         .iter()
         .map(|n| strategy_arg(n))
         .collect::<Result<Vec<_>>>()?;
-    // Each pair's eager limit: larger through a netmod, which carries larger packets.
-    let eager: Vec<usize> = pairs
+    // Each pair's eager and medium limits: a larger eager limit through a netmod, which
+    // carries larger packets, and medium messages within the node only.
+    let limits: Vec<(usize, usize)> = pairs
         .iter_mut()
         .map(|p| {
             let ch = p.channel();
             let cfg = nemesis::p2p::Config::from_env(ch.max_payload())?;
             Ok(match p.transport() {
-                Transport::Shm => cfg.eager_limit,
-                _ => cfg.net_eager_limit.min(p.channel().max_payload_to(1)),
+                Transport::Shm => (cfg.eager_limit, cfg.medium_limit),
+                _ => (cfg.net_eager_limit.min(p.channel().max_payload_to(1)), 0),
             })
         })
         .collect::<Result<_>>()?;
     let net = pairs.iter().any(|p| p.transport() != Transport::Shm);
     if !json {
         println!(
-            "# nemesis two-sided bandwidth (window of {} non-blocking sends), {}",
+            "# nemesis two-sided bandwidth in MB/s (10^6 bytes/s), window of {} non-blocking sends, {}",
             a.window,
             pinning(&pairs[0])
+        );
+        if a.osu {
+            println!("# receiver: one buffer, the window received into it in turn (osu_bw's one buffer)");
+        } else {
+            println!("# receiver: the window pre-posted into distinct buffers (--osu: one buffer)");
+        }
+        println!(
+            "# used: eager, medium (a run of packets, while the cells have room) or the rendezvous strategy"
         );
         println!("# memcpy: one thread copying the same size between two reused buffers, same run");
         println!("# probe: the cache-line ping-pong of the same pair (near: the CPUs share a cache)");
         if net {
             println!(
-                "# tcp: the same windows over a plain blocking TCP socket on loopback, same pair; /tcp = MiB/s / tcp"
+                "# tcp: the same windows over a plain blocking TCP socket on loopback, same pair; /tcp = MB/s / tcp"
             );
             println!("# the network transports move large messages in chunks; --lmt applies to shm");
         }
         print!(
             "# {:>7} {:>9} {:>9} {:>9} {:>10} {:>12} {:>6} {:>9}",
-            "size", "transport", "lmt", "used", "MiB/s", "memcpy MiB/s", "ratio", "probe ns"
+            "size", "transport", "lmt", "used", "MB/s", "memcpy MB/s", "ratio", "probe ns"
         );
         if net {
-            print!(" {:>10} {:>6}", "tcp MiB/s", "/tcp");
+            print!(" {:>10} {:>6}", "tcp MB/s", "/tcp");
         }
         println!("  placement");
     }
@@ -271,14 +287,14 @@ fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Result<()> {
                 for (i, &lmt) in plans[k].iter().enumerate() {
                     let name = lmt.map_or("auto", |s| s.name());
                     progress(&format!("bw {size} B {t} {name}: round {}/{}", r + 1, a.rounds));
-                    secs[k][i].push(pair.stream_p2p(size, a.window, iters, warmup, lmt)?);
+                    secs[k][i].push(pair.stream_p2p(size, a.window, iters, warmup, lmt, a.osu)?);
                 }
                 if pair.transport() != Transport::Shm {
                     progress(&format!("bw {size} B plain tcp: round {}/{}", r + 1, a.rounds));
                     tcp_secs[k].push(pair.tcp_stream(size, a.window, iters, warmup)?);
                 }
             }
-            copy.push(memcpy_mib_s(size));
+            copy.push(memcpy_mb_s(size));
         }
         progress_done();
         let memcpy = median(copy);
@@ -286,14 +302,17 @@ fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Result<()> {
         for (k, pair) in pairs.iter_mut().enumerate() {
             let clock = pair.clock();
             let probe_ns = median(probe[k].iter().map(|&t| clock.ns(t) / 2.0).collect());
-            let tcp = (!tcp_secs[k].is_empty())
-                .then(|| bytes / median(std::mem::take(&mut tcp_secs[k])) / 1048576.0);
+            let tcp =
+                (!tcp_secs[k].is_empty()).then(|| bytes / median(std::mem::take(&mut tcp_secs[k])) / 1e6);
             let transport = pair.transport().name();
             for (i, &lmt) in plans[k].iter().enumerate() {
-                let mib = bytes / median(std::mem::take(&mut secs[k][i])) / 1048576.0;
+                let mb = bytes / median(std::mem::take(&mut secs[k][i])) / 1e6;
                 let name = lmt.map_or("auto", |s| s.name());
-                let used = if size <= eager[k] {
+                let (eager, medium) = limits[k];
+                let used = if size <= eager {
                     "eager"
+                } else if lmt.is_none() && size <= medium {
+                    "medium"
                 } else {
                     lmt.unwrap_or_else(|| pair.auto_lmt(size)).name()
                 };
@@ -301,23 +320,24 @@ fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Result<()> {
                     let mut row = Json::row("bw", "p2p", transport, size)
                         .s("lmt", name)
                         .s("used", used)
-                        .f("mib_s", mib)
-                        .f("memcpy_mib_s", memcpy)
-                        .f("ratio", mib / memcpy)
+                        .s("recv_buffers", if a.osu { "one" } else { "distinct" })
+                        .f("mb_s", mb)
+                        .f("memcpy_mb_s", memcpy)
+                        .f("ratio", mb / memcpy)
                         .f("probe_ns", probe_ns)
                         .s("placement", placement(probe_ns))
                         .u("window", a.window);
                     if let Some(tcp) = tcp {
-                        row = row.f("tcp_mib_s", tcp).f("tcp_ratio", mib / tcp);
+                        row = row.f("tcp_mb_s", tcp).f("tcp_ratio", mb / tcp);
                     }
                     row.print();
                 } else {
                     print!(
-                        "{size:>9} {transport:>9} {name:>9} {used:>9} {mib:>10.0} {memcpy:>12.0} {:>6.2} {probe_ns:>9.0}",
-                        mib / memcpy
+                        "{size:>9} {transport:>9} {name:>9} {used:>9} {mb:>10.0} {memcpy:>12.0} {:>6.2} {probe_ns:>9.0}",
+                        mb / memcpy
                     );
                     match tcp {
-                        Some(tcp) => print!(" {tcp:>10.0} {:>6.2}", mib / tcp),
+                        Some(tcp) => print!(" {tcp:>10.0} {:>6.2}", mb / tcp),
                         None if net => print!(" {:>10} {:>6}", "-", "-"),
                         None => {}
                     }
@@ -345,6 +365,10 @@ struct RateArgs {
     /// Message sizes.
     #[arg(long, value_delimiter = ',', value_parser = size, default_value = "0,8,64")]
     sizes: Vec<usize>,
+    /// What to measure: two-sided isend/irecv/waitall (with the channel's own rate beside
+    /// it, interleaved round by round), or raw packets through the channel.
+    #[arg(long, value_enum, default_value = "p2p")]
+    layer: LayerArg,
     #[command(flatten)]
     rest: RateRest,
 }
@@ -559,7 +583,9 @@ fn latency(pairs: &mut [Pair], a: &LatencyArgs, json: bool) -> Result<()> {
                 progress(&format!("latency {size} B {t}: round {}/{}", r + 1, a.rounds));
                 pair.probe(a.iters, a.warmup, &mut probe[k])?;
                 pair.ping_pong_through(a.layer.layer(), size, a.iters, a.warmup, &mut lat[k])?;
-                if p2p {
+                // The channel carries one packet at most: above it there is nothing to
+                // set beside the two-sided figure.
+                if p2p && size <= pair.channel().max_payload() {
                     pair.ping_pong(size, a.iters, a.warmup, &mut chan[k])?;
                 }
                 pair.floor(a.iters, a.warmup, &mut floor[k])?;
@@ -684,46 +710,78 @@ fn bandwidth(pair: &mut Pair, a: &StreamArgs, json: bool) -> Result<()> {
             a.window,
             pinning(pair)
         );
-        println!("# {:>7} {:>10} {:>10}", "size", "MB/s", "MiB/s");
+        println!("# {:>7} {:>10}", "size", "MB/s");
     }
     for &size in &a.sizes {
         // Large sizes get fewer windows, so a round moves about BW_ROUND_BYTES.
         let iters = (BW_ROUND_BYTES / (size.max(1) as u64 * a.window)).clamp(1, a.iters);
         let s = stream_median(pair, "bw", size, a.window, iters, a.warmup.min(iters), a.rounds)?;
         let bytes = (size as u64 * a.window * iters) as f64;
-        let (mb, mib) = (bytes / s / 1e6, bytes / s / (1024.0 * 1024.0));
+        let mb = bytes / s / 1e6;
         if json {
             Json::row("bw", "channel", pair.transport().name(), size)
                 .f("mb_s", mb)
-                .f("mib_s", mib)
                 .u("window", a.window)
                 .print();
         } else {
-            println!("{size:>9} {mb:>10.0} {mib:>10.0}");
+            println!("{size:>9} {mb:>10.0}");
         }
     }
     Ok(())
 }
 
-fn msgrate(pair: &mut Pair, sizes: &[usize], a: &RateRest, json: bool) -> Result<()> {
+fn msgrate(pair: &mut Pair, a: &RateArgs, json: bool) -> Result<()> {
+    let r = &a.rest;
+    let p2p = a.layer == LayerArg::P2p;
     if !json {
         println!(
-            "# nemesis channel message rate (window of {} messages), {}",
-            a.window,
+            "# nemesis {} message rate in messages/s, window of {} messages, {}",
+            a.layer.name(),
+            r.window,
             pinning(pair)
         );
-        println!("# {:>7} {:>14}", "size", "messages/s");
+        if p2p {
+            println!("# two-sided: isend x window, the receiver's irecvs pre-posted, waitall on both sides");
+            println!("# channel: raw packets of the same size through the channel underneath, interleaved");
+            println!(
+                "# {:>7} {:>14} {:>14} {:>7}",
+                "size", "p2p msgs/s", "channel msgs/s", "/chan"
+            );
+        } else {
+            println!("# {:>7} {:>14}", "size", "msgs/s");
+        }
     }
-    for &size in sizes {
-        let s = stream_median(pair, "msgrate", size, a.window, a.iters, a.warmup, a.rounds)?;
-        let rate = (a.window * a.iters) as f64 / s;
-        if json {
+    for &size in &a.sizes {
+        let (mut p2p_secs, mut chan_secs) = (Vec::new(), Vec::new());
+        for round in 0..r.rounds {
+            progress(&format!("msgrate {size} B: round {}/{}", round + 1, r.rounds));
+            if p2p {
+                p2p_secs.push(pair.stream_p2p(size, r.window, r.iters, r.warmup, None, false)?);
+            }
+            chan_secs.push(pair.stream(size, r.window, r.iters, r.warmup)?);
+        }
+        progress_done();
+        let msgs = (r.window * r.iters) as f64;
+        let chan = msgs / median(chan_secs);
+        if p2p {
+            let rate = msgs / median(p2p_secs);
+            if json {
+                Json::row("msgrate", "p2p", pair.transport().name(), size)
+                    .f("msgs_per_s", rate)
+                    .f("channel_msgs_per_s", chan)
+                    .f("channel_ratio", rate / chan)
+                    .u("window", r.window)
+                    .print();
+            } else {
+                println!("{size:>9} {rate:>14.0} {chan:>14.0} {:>7.2}", rate / chan);
+            }
+        } else if json {
             Json::row("msgrate", "channel", pair.transport().name(), size)
-                .f("msgs_per_s", rate)
-                .u("window", a.window)
+                .f("msgs_per_s", chan)
+                .u("window", r.window)
                 .print();
         } else {
-            println!("{size:>9} {rate:>14.0}");
+            println!("{size:>9} {chan:>14.0}");
         }
     }
     Ok(())
@@ -1005,7 +1063,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Some(Cmd::Msgrate(a)) => {
             let mut pair = Pair::start(!a.rest.no_pin)?;
-            msgrate(&mut pair, &a.sizes, &a.rest, cli.json)?;
+            msgrate(&mut pair, &a, cli.json)?;
             pair.finish()?;
         }
         Some(Cmd::Ring(a)) => ring(&a, cli.json)?,

@@ -414,7 +414,7 @@ impl Pair {
     }
 
     fn ping_pong_p2p(&mut self, size: usize, iters: u64, warmup: u64, rtt: &mut Vec<u64>) -> Result<()> {
-        self.command(OP_ECHO_P2P, [warmup + iters, 0, 0])?;
+        self.command(OP_ECHO_P2P, [warmup + iters, size as u64, 0])?;
         let msg = vec![0xa5u8; size];
         let mut buf = vec![0u8; size];
         let clock = self.clock;
@@ -571,8 +571,11 @@ impl Pair {
 
     /// osu_bw-style streaming through two-sided messaging: `warmup + iters` windows of
     /// `window` non-blocking sends of `size` bytes, each window acknowledged by a
-    /// message back. Both sides use large-message strategy `lmt` (`None`: automatic).
-    /// Returns the seconds the last `iters` windows took.
+    /// message back. Both sides use large-message strategy `lmt` (`None`: automatic,
+    /// medium messages included; a strategy named forces the rendezvous). The receiver
+    /// pre-posts the window into distinct buffers, or with `osu` receives it in turn
+    /// into one buffer, as osu_bw's receiver reuses one. Returns the seconds the last
+    /// `iters` windows took.
     pub fn stream_p2p(
         &mut self,
         size: usize,
@@ -580,16 +583,25 @@ impl Pair {
         iters: u64,
         warmup: u64,
         lmt: Option<nemesis::lmt::Strategy>,
+        osu: bool,
     ) -> Result<f64> {
         let code = lmt.map_or(0, |s| s as u64 + 1);
         set_lmt(&mut self.ch, code)?;
-        self.command(OP_SINK_P2P, [warmup + iters, window | code << 32, size as u64])?;
+        let osu_bit = u64::from(osu) << SINK_OSU_BIT;
+        self.command(
+            OP_SINK_P2P,
+            [warmup + iters, window | code << 32 | osu_bit, size as u64],
+        )?;
         let other = |e: nemesis::P2pError| MeasureError::Other(e.to_string());
         let mut msg_buf = PageAligned::new(size);
         msg_buf.fill(0x5a);
         let msg = &*msg_buf;
         let mut ack = [0u8; 4];
-        let mut w = nemesis::World::new(&mut self.ch).map_err(other)?;
+        let mut cfg = nemesis::p2p::Config::from_env(self.ch.max_payload()).map_err(other)?;
+        if lmt.is_some() {
+            cfg.medium_limit = 0;
+        }
+        let mut w = nemesis::World::with_config(&mut self.ch, cfg).map_err(other)?;
         let c = w.comm();
         let mut start = Instant::now();
         for it in 0..warmup + iters {
@@ -763,7 +775,7 @@ fn partner() -> Result<()> {
                 ch.send_bytes(0, ack, &[])?;
                 let mut w = nemesis::World::new(&mut ch).map_err(|e| MeasureError::Other(e.to_string()))?;
                 let c = w.comm();
-                let mut big = vec![0u8; w.config().eager_limit.max(1 << 20)];
+                let mut big = vec![0u8; arg as usize];
                 for _ in 0..count {
                     let st = w
                         .recv(&c, 0, 0, &mut big)
@@ -802,7 +814,8 @@ fn partner() -> Result<()> {
                 }
             }
             OP_SINK_P2P => {
-                let (window, code, size) = (arg & 0xffff_ffff, arg >> 32, args_of(&buf[..len])?[2]);
+                let (window, code, size) = (arg & 0xffff_ffff, arg >> 32 & 0xff, args_of(&buf[..len])?[2]);
+                let osu = arg >> SINK_OSU_BIT & 1 == 1;
                 set_lmt(&mut ch, code)?;
                 ch.send_bytes(0, ack, &[])?;
                 let other = |e: nemesis::P2pError| MeasureError::Other(e.to_string());
@@ -811,9 +824,19 @@ fn partner() -> Result<()> {
                 // As osu_bw does, the window's receives are posted before any arrives, so a
                 // rendezvous's handshakes overlap; as many buffers as fit SINK_BYTES.
                 let depth = (SINK_BYTES / size.max(1)).clamp(1, window) as usize;
+                let depth = if osu { 1 } else { depth };
                 let mut sinks: Vec<PageAligned> =
                     (0..depth).map(|_| PageAligned::new(size as usize)).collect();
                 for _ in 0..count {
+                    if osu {
+                        // Two pending receives cannot share a buffer in safe Rust: the
+                        // window is received in turn into the one buffer.
+                        for _ in 0..window {
+                            w.recv(&c, 0, 1, &mut sinks[0][..]).map_err(other)?;
+                        }
+                        w.send(&c, 0, 2, &[0; 4]).map_err(other)?;
+                        continue;
+                    }
                     let mut left = window as usize;
                     while left > 0 {
                         let k = left.min(depth);
@@ -891,6 +914,9 @@ fn read_all(s: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<()> {
 
 /// Most bytes of receive buffers a bandwidth partner posts at once.
 const SINK_BYTES: u64 = 256 << 20;
+
+/// The bit of a two-sided sink's argument that asks for one receive buffer.
+const SINK_OSU_BIT: u32 = 40;
 
 /// A buffer that starts on a page boundary, as benchmark buffers do (osu's too): two
 /// heap buffers a few bytes apart modulo 4096 can make copies between them many times
