@@ -62,6 +62,10 @@ pub(crate) fn job_full<T: Send + 'static>(
                     lmt.set_policy(p).unwrap();
                 }
                 let mut cfg = Config::from_lookup(ch.max_payload(), |_| None).unwrap();
+                if force.is_some() {
+                    // The strategy moves every message above the eager limit.
+                    cfg.medium_limit = 0;
+                }
                 tweak(&mut cfg);
                 f(World::with_config(NemesisChannel::with_netmod(ch, None), cfg).unwrap())
             })

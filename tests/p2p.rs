@@ -151,7 +151,8 @@ fn child_dead_peer() {
         timed("irecv", &mut || {
             w.scope(|s| s.wait(s.irecv(&c, 1, 5, &mut buf)?).map(|_| ()))
         })?;
-        let big = vec![1u8; 100_000];
+        // Above the medium limit: a rendezvous, which waits for its receiver.
+        let big = vec![1u8; 1 << 20];
         timed("rendezvous send", &mut || w.send(&c, 1, 0, &big))?;
         timed("barrier", &mut || w.barrier(&c))?;
         timed("allreduce", &mut || w.allreduce(&c, &mut [1u32], Op::Sum))?;
@@ -214,6 +215,58 @@ fn child_dies_mid_transfer() {
                 )),
             }
         })
+    });
+}
+
+/// Rank 0 sends a medium message too long for its cells (NEMESIS_CELLS is small) and
+/// exits with the rest still in its own memory; rank 1, which has taken the first
+/// packets, fails with the peer's failure within a bound, as a blocking receive and as
+/// a posted one (MEDIUM_ROLE_POSTED).
+#[test]
+#[ignore = "child process of the multi-process tests"]
+fn child_dies_mid_medium() {
+    const LEN: usize = 200 << 10;
+    child_main(|| {
+        let mut w = nemesis::init().map_err(|e| e.to_string())?;
+        let c = w.comm();
+        if w.config().medium_limit < LEN {
+            return Err(format!("the medium limit is {}", w.config().medium_limit));
+        }
+        if w.rank() == 0 {
+            let mut go = [0u8; 1];
+            w.recv(&c, 1, 9, &mut go).map_err(|e| e.to_string())?;
+            w.send(&c, 1, 1, &vec![7u8; LEN]).map_err(|e| e.to_string())?;
+            // No goodbye, no flush: what the cells could not take dies with us.
+            std::process::exit(0)
+        }
+        let limit = w.config().failure_check * 5 + Duration::from_secs(2);
+        let mut buf = vec![0u8; LEN];
+        let posted = std::env::var_os("MEDIUM_ROLE_POSTED").is_some();
+        let t = Instant::now();
+        let r = if posted {
+            w.scope(|s| {
+                let r = s.irecv(&c, 0, 1, &mut buf)?;
+                s.world().send(&c, 0, 9, &[1])?;
+                s.wait(r).map(|d| d.status())
+            })
+        } else {
+            w.send(&c, 0, 9, &[1]).map_err(|e| e.to_string())?;
+            w.recv(&c, 0, 1, &mut buf)
+        };
+        match r {
+            Err(P2pError::PeerFailed { rank: 0, reason }) if t.elapsed() < limit => {
+                println!(
+                    "receive failed: rank 0 failed ({reason}) after {:.2?}",
+                    t.elapsed()
+                );
+                Ok(())
+            }
+            Err(e) => Err(format!("unexpected error after {:.2?}: {e}", t.elapsed())),
+            Ok(st) => Err(format!(
+                "a receive of {} bytes completed from a dead sender",
+                st.len
+            )),
+        }
     });
 }
 
@@ -342,16 +395,39 @@ fn lmt_strategies() -> Vec<&'static str> {
 
 #[test]
 fn stress_through_every_large_message_strategy() {
-    for lmt in lmt_strategies() {
+    // Each strategy alone moves every message above the eager limit (no medium
+    // messages); then the default: medium messages, and the rendezvous above them.
+    for lmt in lmt_strategies().into_iter().chain(["medium"]) {
         let dir = shm_dir(&format!("p2p-stress-{lmt}"));
-        let o = run(3, "stress", &dir)
-            .env("STRESS_SEED", "11")
-            .env("STRESS_ROUNDS", "12")
-            .env("NEMESIS_LMT", lmt)
-            .output()
-            .unwrap();
+        let mut cmd = run(3, "stress", &dir);
+        cmd.env("STRESS_SEED", "11").env("STRESS_ROUNDS", "12");
+        if lmt != "medium" {
+            cmd.env("NEMESIS_LMT", lmt).env("NEMESIS_MEDIUM_LIMIT", "0");
+        }
+        let o = cmd.output().unwrap();
         assert_ranks_said(&o, "messages checked", 3, lmt);
         assert!(leftovers(&dir).is_empty(), "{lmt}: {:?}", leftovers(&dir));
+    }
+}
+
+#[test]
+fn a_sender_dying_mid_medium_message_fails_the_receive_in_bounded_time() {
+    for posted in [false, true] {
+        let dir = shm_dir(&format!("p2p-dies-medium-{posted}"));
+        let mut cmd = run(2, "dies_mid_medium", &dir);
+        cmd.env("NEMESIS_CELLS", "8")
+            .env("NEMESIS_FAILURE_TIMEOUT", "0.2");
+        if posted {
+            cmd.env("MEDIUM_ROLE_POSTED", "1");
+        }
+        let o = cmd.output().unwrap();
+        assert!(o.status.success(), "posted {posted}: {}", text(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stdout).contains("receive failed: rank 0 failed"),
+            "posted {posted}: {}",
+            text(&o)
+        );
+        assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
     }
 }
 

@@ -70,6 +70,9 @@ impl Engine {
     /// registers).
     #[inline(never)]
     pub(crate) fn handle(&mut self, src: u32, h: Header, payload: &[u8]) {
+        if self.medium.interrupted_by(src) && h.kind != MDATA {
+            self.break_medium(src, "a medium message broken off by another packet".into());
+        }
         let r = match h.kind {
             EAGER => {
                 self.on_eager(src, h.context, h.tag, payload);
@@ -156,9 +159,38 @@ impl Engine {
         Ok(())
     }
 
+    /// `src` broke the medium protocol: what it had under way is dropped, and the
+    /// receive it was for, if any, fails.
+    #[cold]
+    fn break_medium(&mut self, src: u32, what: String) {
+        if let Some(Assembly {
+            into: medium::Target::Req(id),
+            ..
+        }) = self.medium.abandon(src)
+            && let Some(Req::Recv(rr)) = self.reqs.get(id)
+            && matches!(rr.state, RState::Arriving { .. })
+        {
+            self.fail(
+                id,
+                P2pError::Protocol {
+                    rank: src,
+                    what: what.clone(),
+                },
+            );
+        }
+        self.fault(src, what);
+    }
+
     /// The next bytes of the medium message `src` has under way.
     fn on_mdata(&mut self, src: u32, data: &[u8]) -> Result<(), String> {
-        let (id, at, whole) = match self.medium.next(src, data)? {
+        let step = match self.medium.next(src, data) {
+            Ok(step) => step,
+            Err(what) => {
+                self.break_medium(src, what);
+                return Ok(());
+            }
+        };
+        let (id, at, whole) = match step {
             Step::Part(Some(id), at) => (id, at, None),
             Step::Part(None, _) => return Ok(()),
             Step::Whole(a) => match a.into {

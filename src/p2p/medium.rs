@@ -41,12 +41,15 @@ pub(crate) struct Assembly {
 #[derive(Debug)]
 pub(crate) struct Medium {
     arriving: Vec<Option<Assembly>>,
+    /// How many are under way: while none is, a packet needs no look at its source.
+    active: usize,
 }
 
 impl Medium {
     pub(crate) fn new(size: u32) -> Self {
         Self {
             arriving: (0..size).map(|_| None).collect(),
+            active: 0,
         }
     }
 
@@ -67,8 +70,24 @@ impl Medium {
     /// Starts gathering the rest of the message from `src` into `a`.
     pub(crate) fn begin(&mut self, src: u32, a: Assembly) {
         if let Some(slot) = self.arriving.get_mut(src as usize) {
+            self.active += usize::from(slot.is_none());
             *slot = Some(a);
         }
+    }
+
+    /// Whether `src` is in the middle of a medium message, so that any packet of the
+    /// protocol from it but MDATA breaks the message off.
+    #[inline(always)]
+    pub(crate) fn interrupted_by(&self, src: u32) -> bool {
+        self.active != 0 && self.arriving.get(src as usize).is_some_and(Option::is_some)
+    }
+
+    /// Takes out what `src` had under way, after it broke the protocol.
+    #[cold]
+    pub(crate) fn abandon(&mut self, src: u32) -> Option<Assembly> {
+        let a = self.arriving.get_mut(src as usize)?.take()?;
+        self.active -= 1;
+        Some(a)
     }
 
     /// `data` arrived from `src`: returns where it goes and at what offset, and whether
@@ -81,7 +100,6 @@ impl Medium {
             Some(Some(a)) => (a.got, a.total),
         };
         if at + data.len() > total {
-            self.arriving[i] = None;
             return Err(format!("MDATA beyond the {total} bytes announced"));
         }
         let slot = &mut self.arriving[i];
@@ -95,6 +113,7 @@ impl Medium {
             _ => None,
         };
         if a.got == total {
+            self.active -= 1;
             return Ok(Step::Whole(slot.take().expect("an assembly")));
         }
         Ok(Step::Part(req, at))
@@ -151,6 +170,9 @@ mod tests {
         assert!(m.check_first(2, 4, 10).is_err());
         m.begin(2, gather(4));
         assert!(m.next(2, b"12345").is_err(), "past the announced length");
+        assert!(m.interrupted_by(2));
+        assert!(m.abandon(2).is_some());
+        assert!(!m.interrupted_by(2) && !m.interrupted_by(1));
         m.check_first(2, 4, 1).expect("a broken message is dropped");
     }
 }

@@ -1057,3 +1057,227 @@ fn blocked_calls_return_when_their_request_completes_not_when_their_sleep_ends()
             .expect("a blocked call slept past its request's completion");
     }
 }
+
+/// Sizes around the medium protocol: just past the eager limit, several packets, the
+/// default limit itself, and one byte past it (a rendezvous).
+const MEDIUM_SIZES: [usize; 5] = [
+    8161,
+    20_000,
+    65_536,
+    super::DEFAULT_MEDIUM_LIMIT,
+    super::DEFAULT_MEDIUM_LIMIT + 1,
+];
+
+#[test]
+fn medium_messages_arrive_intact_by_every_receive_path() {
+    job(2, |mut w| {
+        let c = w.comm();
+        assert_eq!(w.config().medium_limit, super::DEFAULT_MEDIUM_LIMIT);
+        if w.rank() == 0 {
+            for (i, &len) in MEDIUM_SIZES.iter().enumerate() {
+                let data = pattern(i as u32, len);
+                // Received by a blocking receive as it arrives, then by a posted one.
+                w.send(&c, 1, 1, &data).unwrap();
+                let mut go = [0u8; 1];
+                w.recv(&c, 1, 9, &mut go).unwrap();
+                w.send(&c, 1, 2, &data).unwrap();
+                // Arrived before any receive asks: gathered aside, then matched (and
+                // from three pieces into two).
+                let (a, b) = data.split_at(len / 3);
+                w.scope(|s| {
+                    let r3 = s.isend(&c, 1, 3, &data).unwrap();
+                    let r4 = s.isend_iov(&c, 1, 4, &[a, &[], b]).unwrap();
+                    s.world().send(&c, 1, 5, b"go").unwrap();
+                    s.waitall(vec![r3, r4]).unwrap();
+                });
+            }
+        } else {
+            for (i, &len) in MEDIUM_SIZES.iter().enumerate() {
+                let want = pattern(i as u32, len);
+                let mut buf = vec![0u8; len];
+                assert_eq!(w.recv(&c, 0, 1, &mut buf).unwrap().len, len);
+                assert!(buf == want, "{len} B by a blocking receive");
+                let mut posted = vec![0u8; len];
+                w.scope(|s| {
+                    let r = s.irecv(&c, 0, 2, &mut posted).unwrap();
+                    s.world().send(&c, 0, 9, &[1]).unwrap();
+                    assert_eq!(s.wait(r).unwrap().status().len, len);
+                });
+                assert!(posted == want, "{len} B by a posted receive");
+                // Tag 5 comes last: tags 3 and 4 wait unexpected by then.
+                let mut go = [0u8; 2];
+                w.recv(&c, 0, 5, &mut go).unwrap();
+                let mut late = vec![0u8; len];
+                let st = w.recv(&c, 0, 3, &mut late).unwrap();
+                assert_eq!((st.source, st.tag, st.len), (0, 3, len));
+                assert!(late == want, "{len} B unexpected");
+                let mut x = vec![0u8; len / 2 + 1];
+                let mut y = vec![0u8; len - x.len()];
+                assert_eq!(w.recv_iov(&c, 0, 4, &mut [&mut x, &mut y]).unwrap().len, len);
+                assert!(
+                    x[..] == want[..x.len()] && y[..] == want[x.len()..],
+                    "{len} B into pieces"
+                );
+            }
+        }
+    });
+}
+
+#[test]
+fn medium_messages_truncate_and_the_stream_goes_on() {
+    job(2, |mut w| {
+        let c = w.comm();
+        if w.rank() == 0 {
+            for tag in 1..=2 {
+                w.send(&c, 1, tag, &pattern(3, 50_000)).unwrap();
+                w.send(&c, 1, 7, b"after").unwrap();
+            }
+        } else {
+            // A blocking receive, then a posted one, each 1000 bytes short of room.
+            let mut part = vec![0u8; 1000];
+            match w.recv(&c, 0, 1, &mut part) {
+                Err(P2pError::Truncated {
+                    message_len: 50_000,
+                    buffer_len: 1000,
+                }) => assert!(part == pattern(3, 50_000)[..1000]),
+                other => panic!("blocking: {other:?}"),
+            }
+            let mut b = [0u8; 5];
+            assert_eq!(w.recv(&c, 0, 7, &mut b).unwrap().len, 5);
+            let mut guarded = vec![0xeeu8; 2000];
+            w.scope(|s| {
+                let r = s.irecv(&c, 0, 2, &mut guarded[..1000]).unwrap();
+                match s.wait(r) {
+                    Err(P2pError::Truncated {
+                        message_len: 50_000,
+                        buffer_len: 1000,
+                    }) => {}
+                    other => panic!("posted: {other:?}"),
+                }
+            });
+            assert!(guarded[..1000] == pattern(3, 50_000)[..1000]);
+            assert!(
+                guarded[1000..].iter().all(|&b| b == 0xee),
+                "written past the buffer"
+            );
+            assert_eq!(w.recv(&c, 0, 7, &mut b).unwrap().len, 5);
+            assert_eq!(&b, b"after");
+        }
+    });
+}
+
+#[test]
+fn medium_messages_from_many_sources_keep_each_pair_in_order() {
+    job(4, |mut w| {
+        let c = w.comm();
+        let n = w.size();
+        if w.rank() == 0 {
+            // Posted and blocking receives, any source, while three senders interleave.
+            let mut next = vec![0u32; n as usize];
+            let mut bufs = vec![vec![0u8; 40_000]; 8];
+            for _ in 0..6 {
+                let got: Vec<Status> = w.scope(|s| {
+                    let rs: Vec<_> = bufs
+                        .iter_mut()
+                        .map(|b| s.irecv(&c, ANY_SOURCE, 1, b).unwrap())
+                        .collect();
+                    s.waitall(rs).unwrap().iter().map(|d| d.status()).collect()
+                });
+                for (st, b) in got.iter().zip(&bufs) {
+                    let k = u32::from_le_bytes(b[..4].try_into().unwrap());
+                    assert_eq!(k, next[st.source as usize], "from {} overtaken", st.source);
+                    assert_eq!(st.len, 9000 + 1000 * (k as usize % 30));
+                    next[st.source as usize] += 1;
+                }
+            }
+            assert_eq!(next[1..].iter().sum::<u32>(), 48);
+        } else {
+            for k in 0..16u32 {
+                let mut m = pattern(k, 9000 + 1000 * (k as usize % 30));
+                m[..4].copy_from_slice(&k.to_le_bytes());
+                w.send(&c, 0, 1, &m).unwrap();
+            }
+        }
+    });
+}
+
+/// Packets of the medium protocol as a broken or hostile peer sends them.
+fn raw_medium(w: &mut World, dest: u32, kind: u16, aux: u32, payload: &[u8]) {
+    let h = crate::channel::Header {
+        kind,
+        context: 0,
+        tag: 5,
+        aux,
+        flags: 0,
+    };
+    w.channel_mut().send_bytes(dest, h, payload).unwrap();
+}
+
+#[test]
+fn broken_medium_messages_are_protocol_errors_not_panics() {
+    use super::wire::{MDATA, MEDIUM};
+    job(2, |mut w| {
+        let c = w.comm();
+        if w.rank() == 0 {
+            // MDATA with nothing under way.
+            raw_medium(&mut w, 1, MDATA, 0, &[1; 10]);
+            let mut go = [0u8; 1];
+            w.recv(&c, 1, 9, &mut go).unwrap();
+            // A length past what any receiver gathers.
+            raw_medium(&mut w, 1, MEDIUM, u32::MAX, &[1; 100]);
+            w.recv(&c, 1, 9, &mut go).unwrap();
+            // A message broken off by another: the rest can no longer be told apart.
+            raw_medium(&mut w, 1, MEDIUM, 20_000, &[1; 8000]);
+            w.send(&c, 1, 5, b"eager").unwrap();
+            w.recv(&c, 1, 9, &mut go).unwrap();
+            // Overrun of the announced length.
+            raw_medium(&mut w, 1, MEDIUM, 9000, &[1; 8000]);
+            raw_medium(&mut w, 1, MDATA, 0, &[1; 8000]);
+            w.recv(&c, 1, 9, &mut go).unwrap();
+            // The same two to a posted receive.
+            for overrun in [false, true] {
+                w.recv(&c, 1, 9, &mut go).unwrap();
+                raw_medium(&mut w, 1, MEDIUM, 9000, &[1; 8000]);
+                if overrun {
+                    raw_medium(&mut w, 1, MDATA, 0, &[1; 8000]);
+                } else {
+                    w.send(&c, 1, 8, b"eager").unwrap();
+                }
+            }
+            w.send(&c, 1, 6, b"still here").unwrap();
+        } else {
+            let wants = [
+                "no medium message under way",
+                "medium message of 4294967295 bytes",
+                "broken off",
+                "broken off or overrun",
+            ];
+            for want in wants {
+                let mut buf = vec![0u8; 20_000];
+                match w.recv(&c, 0, 5, &mut buf) {
+                    Err(P2pError::Protocol { rank: 0, what }) => assert!(what.contains(want), "{what}"),
+                    other => panic!(
+                        "expected a protocol error ({want}), got {:?}",
+                        other.map(|s| s.len)
+                    ),
+                }
+                w.send(&c, 0, 9, &[1]).unwrap();
+            }
+            for want in ["broken off by another packet", "beyond the 9000 bytes"] {
+                let mut buf = vec![0u8; 20_000];
+                w.scope(|s| {
+                    let r = s.irecv(&c, 0, 5, &mut buf).unwrap();
+                    s.world().send(&c, 0, 9, &[1]).unwrap();
+                    match s.wait(r).map(|d| d.status()) {
+                        Err(P2pError::Protocol { rank: 0, what }) => assert!(what.contains(want), "{what}"),
+                        other => panic!("expected a protocol error ({want}), got {other:?}"),
+                    }
+                });
+            }
+            // The packet that broke the first off is a message of its own.
+            let mut b = [0u8; 10];
+            assert_eq!(w.recv(&c, 0, 8, &mut b).unwrap().len, 5);
+            assert_eq!(w.recv(&c, 0, 6, &mut b).unwrap().len, 10);
+        }
+    });
+}
