@@ -54,6 +54,143 @@ enum Cmd {
     /// Time per request of finishing many outstanding receives with test_some over a
     /// request set, and with a scoped waitall (two threads of this process).
     Requests(RequestsArgs),
+    /// Two-sided nemesis beside MPI peers, interleaved round by round: latency, osu_bw
+    /// bandwidth (one receive buffer) and message rate, with nemesis/peer ratios.
+    /// scripts/peers.sh builds the peers and calls this.
+    Peers(PeersArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+struct PeersArgs {
+    /// A peer: NAME=COMMAND, where COMMAND starts two ranks of scripts/peers/osu_peer.c
+    /// built with that MPI (for example "mpich=mpiexec.mpich -n 2 -bind-to core
+    /// ./osu_peer"). The mode and its arguments are appended. Give it once per peer.
+    #[arg(long = "peer", value_parser = peer_arg, required = true)]
+    peers: Vec<measure::peers::Peer>,
+    /// Latency sizes (empty: none).
+    #[arg(long, value_delimiter = ',', value_parser = size, default_value = "8,64,1K,4K,16K,64K")]
+    lat_sizes: Vec<usize>,
+    /// Bandwidth sizes (empty: none).
+    #[arg(long, value_delimiter = ',', value_parser = size, default_value = "4K,64K,1M,4M,16M")]
+    bw_sizes: Vec<usize>,
+    /// Message rate sizes (empty: none).
+    #[arg(long, value_delimiter = ',', value_parser = size, default_value = "8,64")]
+    rate_sizes: Vec<usize>,
+    /// Round trips per latency size and round.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(10..))]
+    lat_iters: u64,
+    /// Messages per window of the streaming tests.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
+    window: u64,
+    /// Timed windows of the message rate per round.
+    #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(10..))]
+    rate_iters: u64,
+    /// Rounds; the median of each figure is reported.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: u32,
+    /// Do not pin nemesis's two processes to CPUs (the peers' commands pin their own).
+    #[arg(long)]
+    no_pin: bool,
+}
+
+fn peer_arg(s: &str) -> Result<measure::peers::Peer, String> {
+    match s.split_once('=') {
+        Some((name, command)) if !name.trim().is_empty() && !command.trim().is_empty() => {
+            if name.trim() == measure::peers::NEMESIS {
+                return Err(format!("a peer cannot be called {}", measure::peers::NEMESIS));
+            }
+            Ok(measure::peers::Peer {
+                name: name.trim().to_string(),
+                command: command.trim().to_string(),
+            })
+        }
+        _ => Err(format!("expected NAME=COMMAND, got {s:?}")),
+    }
+}
+
+fn peers(a: &PeersArgs, json: bool) -> Result<()> {
+    use measure::peers::{self as p, Test};
+    let mut names: Vec<&str> = Vec::new();
+    for peer in &a.peers {
+        if names.contains(&peer.name.as_str()) {
+            anyhow::bail!("--peer {} given twice", peer.name);
+        }
+        names.push(&peer.name);
+    }
+    let plan = p::Plan {
+        sizes: vec![
+            (Test::Latency, a.lat_sizes.clone()),
+            (Test::Bandwidth, a.bw_sizes.clone()),
+            (Test::Rate, a.rate_sizes.clone()),
+        ],
+        lat_iters: a.lat_iters,
+        window: a.window,
+        rate_iters: a.rate_iters,
+    };
+    let mut pair = Pair::start(!a.no_pin)?;
+    let mut rounds = Vec::new();
+    let mut probe = Vec::new();
+    for r in 0..a.rounds {
+        progress(&format!("peers: round {}/{}", r + 1, a.rounds));
+        rounds.push(p::round(&mut pair, &a.peers, &plan, &mut probe)?);
+    }
+    progress_done();
+    let pinned = pinning(&pair);
+    pair.finish()?;
+    let med = p::medians(&rounds);
+    let probe_ns = median(probe.clone());
+    let near = probe.iter().filter(|&&x| placement(x) == "near").count();
+    let cpu = measure::cpu_model();
+    if !json {
+        println!(
+            "# two-sided nemesis beside MPI peers on {cpu}, {pinned}, {} rounds interleaved",
+            a.rounds
+        );
+        println!(
+            "# placement probe {probe_ns:.0} ns one way (median; {near} of {} rounds near)",
+            probe.len()
+        );
+        println!(
+            "# latency: p50 one way, lower is better; bw (osu_bw, one receive buffer) and msgrate: higher is better"
+        );
+        println!("# ratio: nemesis / peer");
+        print!("# {:>7} {:>9} {:>7} {:>12}", "test", "size", "unit", "nemesis");
+        for n in &names {
+            print!(" {:>12} {:>7}", n, "ratio");
+        }
+        println!();
+    }
+    for (test, sizes) in &plan.sizes {
+        for &size in sizes {
+            let ours = med[&(*test, size, p::NEMESIS.to_string())];
+            if json {
+                for n in &names {
+                    let theirs = med[&(*test, size, n.to_string())];
+                    Json::new("peers")
+                        .s("test", test.name())
+                        .u("size", size as u64)
+                        .s("unit", test.unit())
+                        .f("nemesis", ours)
+                        .s("peer", n)
+                        .f("peer_value", theirs)
+                        .f("ratio", ours / theirs)
+                        .f("probe_ns", probe_ns)
+                        .s("placement", placement(probe_ns))
+                        .u("rounds", a.rounds as u64)
+                        .s("cpu", &cpu)
+                        .print();
+                }
+            } else {
+                print!("{:>9} {:>9} {:>7} {:>12.1}", test.name(), size, test.unit(), ours);
+                for n in &names {
+                    let theirs = med[&(*test, size, n.to_string())];
+                    print!(" {theirs:>12.1} {:>7.2}", ours / theirs);
+                }
+                println!();
+            }
+        }
+    }
+    Ok(())
 }
 
 #[derive(Args, Debug, Clone)]
@@ -1070,6 +1207,7 @@ fn run(cli: Cli) -> Result<()> {
         Some(Cmd::Coll(a)) => coll(&a, cli.json)?,
         Some(Cmd::Memory(a)) => memory(&a, cli.json)?,
         Some(Cmd::Requests(a)) => requests(&a, cli.json)?,
+        Some(Cmd::Peers(a)) => peers(&a, cli.json)?,
         None => {
             let lat = LatencyArgs::parse_defaults();
             let bw = BwArgs::parse_defaults();

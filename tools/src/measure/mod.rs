@@ -10,6 +10,7 @@
 mod clock;
 mod coll;
 mod netmem;
+pub mod peers;
 mod pin;
 mod requests;
 mod stats;
@@ -140,6 +141,23 @@ pub enum MeasureError {
 }
 
 type Result<T> = std::result::Result<T, MeasureError>;
+
+/// The CPU this runs on, as `lscpu` names it, with its family (Zen 4 is 25, Zen 5 is
+/// 26): figures are compared only between runs on the same model.
+pub fn cpu_model() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |k: &str| {
+        info.lines()
+            .find(|l| l.split(':').next().is_some_and(|n| n.trim() == k))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+    };
+    match (field("model name"), field("cpu family")) {
+        (Some(m), Some(f)) => format!("{m} (family {f})"),
+        (Some(m), None) => m,
+        _ => "an unknown CPU".into(),
+    }
+}
 
 /// If this process was started as a measurement partner, plays its role and exits.
 /// Call it first thing in `main` of any program that uses [`Pair`] or [`ring`].

@@ -1,0 +1,238 @@
+//! Two-sided nemesis beside MPI peers, interleaved round by round in one run: the
+//! peer's side is `scripts/peers/osu_peer.c` built with each MPI's `mpicc`, started by
+//! a command line the caller gives, and read back as JSON lines in nemesis-bench's units.
+
+use super::{MeasureError, Pair, Result, Summary};
+use std::collections::BTreeMap;
+use std::process::Command;
+
+/// One of the three measurements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Test {
+    /// Ping-pong, p50 of the one-way time in ns (lower is better).
+    Latency,
+    /// osu_bw, MB/s (higher is better).
+    Bandwidth,
+    /// Small messages streamed, messages a second (higher is better).
+    Rate,
+}
+
+impl Test {
+    /// Its name in the JSON rows.
+    pub fn name(self) -> &'static str {
+        match self {
+            Test::Latency => "latency",
+            Test::Bandwidth => "bw",
+            Test::Rate => "msgrate",
+        }
+    }
+
+    /// The unit of its figures.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Test::Latency => "ns",
+            Test::Bandwidth => "MB/s",
+            Test::Rate => "msgs/s",
+        }
+    }
+
+    /// The peer program's mode, and the key of its figure.
+    fn mode(self) -> (&'static str, &'static str) {
+        match self {
+            Test::Latency => ("lat", "p50_ns"),
+            Test::Bandwidth => ("bw", "mb_s"),
+            Test::Rate => ("rate", "msgs_per_s"),
+        }
+    }
+}
+
+/// A peer: its name and the command that starts two ranks of `osu_peer`.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    /// Shown in the tables and JSON rows.
+    pub name: String,
+    /// A shell command line; the mode and its arguments are appended.
+    pub command: String,
+}
+
+/// How much each measurement does.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Sizes of each test; an empty list skips the test.
+    pub sizes: Vec<(Test, Vec<usize>)>,
+    /// Round trips per latency size.
+    pub lat_iters: u64,
+    /// Messages per window of the streaming tests.
+    pub window: u64,
+    /// Timed windows of the message rate; bandwidth takes fewer for large sizes.
+    pub rate_iters: u64,
+}
+
+/// Timed windows of a bandwidth round at `size`: about 256 MB, at least one window.
+pub fn bw_iters(size: usize, window: u64) -> u64 {
+    ((256u64 << 20) / (size.max(1) as u64 * window)).clamp(1, 200)
+}
+
+/// Every figure of one round: (test, size, who) to the figure.
+pub type Round = BTreeMap<(Test, usize, String), f64>;
+
+/// Name under which nemesis's own figures are kept.
+pub const NEMESIS: &str = "nemesis";
+
+/// Measures one round: for each test, nemesis and then every peer. `probe` gets the
+/// pair's placement probe (one-way ns) from the start of the round.
+pub fn round(pair: &mut Pair, peers: &[Peer], plan: &Plan, probe: &mut Vec<f64>) -> Result<Round> {
+    let mut out = Round::new();
+    let clock = pair.clock();
+    let mut rtt = Vec::new();
+    pair.probe(2_000, 200, &mut rtt)?;
+    probe.push(
+        Summary::of(&mut rtt.iter().map(|&t| clock.ns(t) / 2.0).collect::<Vec<_>>()).map_or(0.0, |s| s.p50),
+    );
+    for (test, sizes) in &plan.sizes {
+        if sizes.is_empty() {
+            continue;
+        }
+        for &size in sizes {
+            let v = match test {
+                Test::Latency => {
+                    let mut rtt = Vec::new();
+                    pair.ping_pong_through(
+                        super::Layer::P2p,
+                        size,
+                        plan.lat_iters,
+                        plan.lat_iters / 10,
+                        &mut rtt,
+                    )?;
+                    let mut half: Vec<f64> = rtt.iter().map(|&t| clock.ns(t) / 2.0).collect();
+                    Summary::of(&mut half).map_or(0.0, |s| s.p50)
+                }
+                Test::Bandwidth => {
+                    let iters = bw_iters(size, plan.window);
+                    let secs = pair.stream_p2p(size, plan.window, iters, (iters / 10).max(1), None, true)?;
+                    (size as u64 * plan.window * iters) as f64 / secs / 1e6
+                }
+                Test::Rate => {
+                    let secs = pair.stream_p2p(
+                        size,
+                        plan.window,
+                        plan.rate_iters,
+                        plan.rate_iters / 10,
+                        None,
+                        false,
+                    )?;
+                    (plan.window * plan.rate_iters) as f64 / secs
+                }
+            };
+            out.insert((*test, size, NEMESIS.to_string()), v);
+        }
+        for p in peers {
+            // Bandwidth runs a size at a time, so that each has nemesis's window count.
+            let runs: Vec<(Vec<usize>, String)> = match test {
+                Test::Latency => vec![(
+                    sizes.clone(),
+                    format!("{} {}", plan.lat_iters, plan.lat_iters / 10),
+                )],
+                Test::Bandwidth => sizes
+                    .iter()
+                    .map(|&s| (vec![s], format!("{} {}", plan.window, bw_iters(s, plan.window))))
+                    .collect(),
+                Test::Rate => vec![(sizes.clone(), format!("{} {}", plan.window, plan.rate_iters))],
+            };
+            for (sizes, rest) in runs {
+                for (size, v) in run_peer(p, *test, &sizes, &rest)? {
+                    out.insert((*test, size, p.name.clone()), v);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Runs `peer` in `test`'s mode over `sizes` and reads back its figures.
+fn run_peer(peer: &Peer, test: Test, sizes: &[usize], rest: &str) -> Result<Vec<(usize, f64)>> {
+    let (mode, key) = test.mode();
+    let list = sizes.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+    let line = format!("{} {mode} {list} {rest}", peer.command);
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg(&line)
+        .output()
+        .map_err(|e| MeasureError::Other(format!("peer {}: cannot run `{line}`: {e}", peer.name)))?;
+    if !o.status.success() {
+        return Err(MeasureError::Other(format!(
+            "peer {}: `{line}` failed ({}): {}",
+            peer.name,
+            o.status,
+            String::from_utf8_lossy(&o.stderr).trim()
+        )));
+    }
+    let text = String::from_utf8_lossy(&o.stdout);
+    let mut got = Vec::new();
+    for l in text.lines().filter(|l| l.starts_with('{')) {
+        if let (Some(size), Some(v)) = (field(l, "size"), field(l, key)) {
+            got.push((size as usize, v));
+        }
+    }
+    if got.len() != sizes.len() {
+        return Err(MeasureError::Other(format!(
+            "peer {}: `{line}` printed {} figures for {} sizes: {}",
+            peer.name,
+            got.len(),
+            sizes.len(),
+            text.trim()
+        )));
+    }
+    Ok(got)
+}
+
+/// The number after `"key":` in a flat JSON line.
+fn field(line: &str, key: &str) -> Option<f64> {
+    let at = line.find(&format!("\"{key}\":"))? + key.len() + 3;
+    let rest = &line[at..];
+    let end = rest.find([',', '}']).unwrap_or(rest.len());
+    rest[..end].trim().parse().ok()
+}
+
+/// The median of every figure over the rounds.
+pub fn medians(rounds: &[Round]) -> Round {
+    let mut all: BTreeMap<(Test, usize, String), Vec<f64>> = BTreeMap::new();
+    for r in rounds {
+        for (k, v) in r {
+            all.entry(k.clone()).or_default().push(*v);
+        }
+    }
+    all.into_iter()
+        .map(|(k, mut v)| {
+            v.sort_by(f64::total_cmp);
+            (k, v[v.len() / 2])
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_of_a_peer_line() {
+        let l = r#"{"bench":"latency","size":65536,"p50_ns":1875.5,"samples":100}"#;
+        assert_eq!(field(l, "size"), Some(65536.0));
+        assert_eq!(field(l, "p50_ns"), Some(1875.5));
+        assert_eq!(field(l, "samples"), Some(100.0));
+        assert_eq!(field(l, "mb_s"), None);
+        assert_eq!(field(r#"{"size":x}"#, "size"), None);
+    }
+
+    #[test]
+    fn medians_take_the_middle_round() {
+        let k = (Test::Rate, 8, NEMESIS.to_string());
+        let rounds: Vec<Round> = [3.0, 1.0, 2.0]
+            .iter()
+            .map(|&v| Round::from([(k.clone(), v)]))
+            .collect();
+        assert_eq!(medians(&rounds)[&k], 2.0);
+        assert_eq!(bw_iters(16 << 20, 64), 1);
+        assert_eq!(bw_iters(1, 64), 200);
+    }
+}
