@@ -111,6 +111,16 @@ pub const KNOWN: &[(&str, Reader, &str)] = &[
         "a nemesis-bench ring's shape",
     ),
     (
+        "NEMESIS_MEASURE_RING_ROUNDS",
+        Reader::Tools,
+        "a nemesis-bench ring's rounds",
+    ),
+    (
+        "NEMESIS_MEASURE_RING_PIN",
+        Reader::Tools,
+        "the CPUs a nemesis-bench ring's ranks pin themselves to",
+    ),
+    (
         "NEMESIS_MEASURE_COLL",
         Reader::Tools,
         "a nemesis-bench collective run's shape",

@@ -44,9 +44,11 @@ pub(crate) struct ScopeState {
 }
 
 /// The ids of a scope's unfinished requests, each at a place its [`Request`] remembers,
-/// so that adding and taking one out cost a push and a pop, whatever the order.
+/// so that adding and taking one out cost a push and a pop, whatever the order. Its
+/// vectors pass from one scope of a world to the next, so that a loop of scopes does
+/// not grow them again each time.
 #[derive(Debug, Default)]
-struct Live {
+pub(crate) struct Live {
     /// Request ids; 0 where the place is free.
     ids: Vec<u32>,
     /// The free places.
@@ -80,9 +82,12 @@ impl Live {
         self.ids.len() - self.free.len()
     }
 
-    fn drain(&mut self) -> impl Iterator<Item = u32> + use<> {
+    /// The ids still live; the places are all free again afterwards.
+    fn drain(&mut self) -> Vec<u32> {
+        let live = self.ids.iter().copied().filter(|&id| id != 0).collect();
+        self.ids.clear();
         self.free.clear();
-        std::mem::take(&mut self.ids).into_iter().filter(|&id| id != 0)
+        live
     }
 }
 
@@ -168,9 +173,13 @@ impl<C: Channel> World<C> {
     where
         F: for<'scope> FnOnce(&'scope Scope<'scope, 'env, C>) -> T,
     {
+        let live = std::mem::take(&mut self.spare_live);
         let scope = Scope {
             world: RefCell::new(self),
-            state: ScopeState::default(),
+            state: ScopeState {
+                dropped: RefCell::default(),
+                live: RefCell::new(live),
+            },
             _scope: PhantomData,
         };
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&scope)));
@@ -204,10 +213,11 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
     fn end(&self) {
         let mut w = self.world.borrow_mut();
         self.release_dropped(&mut w);
-        let live: Vec<u32> = self.state.live.borrow_mut().drain().collect();
+        let live = self.state.live.borrow_mut().drain();
         for id in live {
             w.release(id);
         }
+        w.spare_live = std::mem::take(&mut *self.state.live.borrow_mut());
     }
 
     #[inline]
@@ -404,7 +414,8 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         for r in &rs {
             Self::check_world(&w, r)?;
         }
-        let ids: Vec<u32> = rs.iter().filter(|r| r.id != 0).map(|r| r.id).collect();
+        let mut ids = Vec::with_capacity(rs.len());
+        ids.extend(rs.iter().filter(|r| r.id != 0).map(|r| r.id));
         w.wait_all_ids(&ids)?;
         let mut done = Vec::with_capacity(rs.len());
         let mut first_err = None;

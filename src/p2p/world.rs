@@ -53,6 +53,8 @@ pub struct World<C: Channel = NemesisChannel> {
     node_wait: WaitPolicy,
     /// Owned requests dropped by their handles, to let go at the next call.
     pub(crate) mailbox: Arc<Mailbox>,
+    /// The bookkeeping vectors of the last scope, for the next.
+    pub(crate) spare_live: super::scope::Live,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -131,6 +133,7 @@ impl<C: Channel> World<C> {
             node_seg,
             node_wait,
             mailbox: Arc::default(),
+            spare_live: Default::default(),
             _not_sync: PhantomData,
         })
     }

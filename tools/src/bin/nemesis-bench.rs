@@ -535,9 +535,15 @@ struct RingArgs {
     #[arg(long, value_delimiter = ',', default_value = "2,8",
           value_parser = clap::value_parser!(u32).range(2..=nemesis::shm::config::MAX_LOCAL_PROCS as i64))]
     procs: Vec<u32>,
-    /// Hops the token makes in each ring.
+    /// Hops the token makes in each round.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     messages: u64,
+    /// Rounds per ring, each after a placement probe; the median is reported.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: u32,
+    /// Do not pin the ring's processes to CPUs.
+    #[arg(long)]
+    no_pin: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -925,32 +931,71 @@ fn msgrate(pair: &mut Pair, a: &RateArgs, json: bool) -> Result<()> {
 }
 
 fn ring(a: &RingArgs, json: bool) -> Result<()> {
-    let cpus = measure::allowed_cpus().len();
+    let machine = measure::allowed_cpus();
+    let cpus = machine.len();
+    let pin = !a.no_pin;
+    // The probe's pair runs between the ring's rounds, while the ring's processes sleep.
+    let mut probe_pair = Pair::start(pin)?;
+    let clock = probe_pair.clock();
     if !json {
         println!(
-            "# token round a ring of processes, {} hops, {cpus} usable cpus",
-            a.messages
+            "# token round a ring of processes, {} hops a round, {} rounds, {cpus} usable cpus, {}",
+            a.messages,
+            a.rounds,
+            if pin {
+                "rank r pinned to the (r mod cpus)-th cpu"
+            } else {
+                "not pinned"
+            }
         );
-        println!("# {:>5} {:>10} {:>12}", "procs", "seconds", "ns per hop");
+        println!("# probe: the cache-line ping-pong of a pair on the first two cpus, before each round");
+        println!(
+            "# {:>5} {:>12} {:>12} {:>12} {:>9} {:>7}  placement",
+            "procs", "ns/hop p50", "ns/hop min", "ns/hop max", "probe ns", "ratio"
+        );
     }
     for &n in &a.procs {
-        progress(&format!("ring of {n}"));
-        let r = measure::ring(n, a.messages)?;
+        let mut ring = measure::Ring::start(n, a.messages, a.rounds, &machine, pin)?;
+        let (mut hops, mut probes) = (Vec::new(), Vec::new());
+        for r in 0..a.rounds {
+            progress(&format!("ring of {n}: round {}/{}", r + 1, a.rounds));
+            let mut rtt = Vec::new();
+            probe_pair.probe(2_000, 200, &mut rtt)?;
+            probes.push(median(rtt.iter().map(|&t| clock.ns(t) / 2.0).collect()));
+            let t = ring.round()?;
+            hops.push(t.as_secs_f64() * 1e9 / a.messages as f64);
+        }
+        ring.finish()?;
         progress_done();
-        let secs = r.elapsed.as_secs_f64();
-        let per_hop = secs * 1e9 / a.messages as f64;
+        let probe_ns = median(probes);
+        let (min, max) = (
+            hops.iter().copied().fold(f64::INFINITY, f64::min),
+            hops.iter().copied().fold(0.0, f64::max),
+        );
+        let p50 = median(hops);
         if json {
             Json::new("ring")
                 .u("procs", n as u64)
                 .u("messages", a.messages)
+                .u("rounds", a.rounds as u64)
                 .u("cpus", cpus as u64)
-                .f("seconds", secs)
-                .f("per_hop_ns", per_hop)
+                .s("pinned", if pin { "yes" } else { "no" })
+                .f("per_hop_ns", p50)
+                .f("per_hop_min_ns", min)
+                .f("per_hop_max_ns", max)
+                .f("probe_ns", probe_ns)
+                .f("ratio", p50 / probe_ns)
+                .s("placement", placement(probe_ns))
                 .print();
         } else {
-            println!("{n:>7} {secs:>10.4} {per_hop:>12.0}");
+            println!(
+                "{n:>7} {p50:>12.0} {min:>12.0} {max:>12.0} {probe_ns:>9.0} {:>7.2}  {}",
+                p50 / probe_ns,
+                placement(probe_ns)
+            );
         }
     }
+    probe_pair.finish()?;
     Ok(())
 }
 

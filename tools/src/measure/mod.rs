@@ -13,6 +13,7 @@ mod netmem;
 pub mod peers;
 mod pin;
 mod requests;
+mod ring;
 mod stats;
 
 pub use clock::Clock;
@@ -20,6 +21,7 @@ pub use coll::{COLL_ROWS, CollRound, collectives};
 pub use netmem::{UDP_MEMORY_SIZES, UdpMemory, udp_memory};
 pub use pin::{allowed_cpus, pair_cpus, pin_to};
 pub use requests::{Api, RequestsRow, requests};
+pub use ring::Ring;
 pub use stats::Summary;
 
 use crate::launch::server::process_mapping;
@@ -165,7 +167,7 @@ pub fn serve_if_partner() {
     let Ok(role) = std::env::var(ROLE_VAR) else { return };
     let r = match role.as_str() {
         "partner" => partner(),
-        "ring" => ring_rank(),
+        "ring" => ring::rank(),
         "coll" => coll::coll_rank(),
         other => Err(MeasureError::Other(format!("unknown {ROLE_VAR}={other:?}"))),
     };
@@ -988,17 +990,6 @@ fn set_lmt(ch: &mut NemesisChannel, code: u64) -> Result<()> {
     lmt.set_policy(p).map_err(|e| MeasureError::Other(e.to_string()))
 }
 
-/// The result of a ring run.
-#[derive(Debug, Clone, Copy)]
-pub struct RingResult {
-    /// Processes in the ring.
-    pub procs: u32,
-    /// Hops the token made.
-    pub messages: u64,
-    /// Time from the first send to the last arrival.
-    pub elapsed: Duration,
-}
-
 /// Starts ranks `1..size` of a job from this executable, with `env`, and joins it as
 /// rank 0 through the same PMI path as they do.
 fn start_job(size: u32, env: Vec<(OsString, OsString)>) -> Result<(Job, NemesisChannel)> {
@@ -1037,91 +1028,4 @@ fn end_job(job: Job, timeout: Duration) -> Result<()> {
         Some((rank, exit)) => Err(MeasureError::PartnerDied { rank, exit }),
         None => Ok(()),
     }
-}
-
-/// Passes a token `messages` times round a ring of `procs` processes, this one rank 0
-/// and the others started from this executable, each waiting the way the channel's
-/// [`nemesis::WaitPolicy`] says. Checks that every hop arrives once and in order.
-pub fn ring(procs: u32, messages: u64) -> Result<RingResult> {
-    if procs < 2 {
-        return Err(MeasureError::Other("a ring needs at least 2 processes".into()));
-    }
-    let env = vec![
-        (ROLE_VAR.into(), "ring".into()),
-        (RING_VAR.into(), messages.to_string().into()),
-    ];
-    let (job, mut ch) = start_job(procs, env)?;
-    let mut job = Some(job);
-    let elapsed = {
-        let mut alive = Pair::alive_check(&mut job);
-        run_ring(&mut ch, messages, &mut alive)?
-    };
-    end_job(job.take().expect("job"), Duration::from_secs(60))?;
-    Ok(RingResult {
-        procs,
-        messages,
-        elapsed,
-    })
-}
-
-fn ring_rank() -> Result<()> {
-    let messages: u64 = std::env::var(RING_VAR)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| MeasureError::Other(format!("{RING_VAR} is not set")))?;
-    let mut ch = NemesisChannel::init()?;
-    // Rank 0 is our parent: its death kills us (parent-death signal).
-    run_ring(&mut ch, messages, &mut || Ok(()))?;
-    Ok(())
-}
-
-/// One rank's part of the ring. Hop `h` goes to rank `h % n`; the rank that receives
-/// the last hop tells rank 0. Returns rank 0's elapsed time.
-fn run_ring(ch: &mut NemesisChannel, m: u64, alive: &mut dyn FnMut() -> Result<()>) -> Result<Duration> {
-    let (r, n) = (ch.rank() as u64, ch.size() as u64);
-    let mine = if r == 0 {
-        m / n
-    } else {
-        m / n + u64::from(m % n >= r)
-    };
-    let mut next = if r == 0 { n } else { r };
-    let start = Instant::now();
-    if r == 0 && m >= 1 {
-        ch.send_bytes(1, data(), &1u64.to_le_bytes())?;
-    }
-    let mut got = 0;
-    let mut done = r != 0 || m % n == 0;
-    while got < mine || !done {
-        let mut word = [0u8; 8];
-        let (h, _) = blocking_recv(ch, &mut word, alive)?;
-        let value = u64::from_le_bytes(word);
-        match h.kind {
-            KIND_DATA => {
-                if value != next {
-                    return Err(MeasureError::Protocol(format!(
-                        "rank {r} got hop {value}, expected {next}"
-                    )));
-                }
-                got += 1;
-                next += n;
-                if value < m {
-                    ch.send_bytes(((value + 1) % n) as u32, data(), &(value + 1).to_le_bytes())?;
-                } else if r != 0 {
-                    ch.send_bytes(
-                        0,
-                        Header {
-                            kind: KIND_DONE,
-                            ..Header::default()
-                        },
-                        &[],
-                    )?;
-                }
-            }
-            KIND_DONE if r == 0 => done = true,
-            _ => return Err(MeasureError::Protocol(format!("rank {r} got {h:?}"))),
-        }
-    }
-    let elapsed = start.elapsed();
-    ch.flush(Duration::from_secs(30))?;
-    Ok(elapsed)
 }
