@@ -457,6 +457,18 @@ impl<R: Region, V: Variant> Port<R, V> {
     pub fn free_cells(&self) -> usize {
         self.book.stash.len()
     }
+
+    /// How many packets to local process `dest` (not this one) would get a cell now:
+    /// the cells returned so far are taken back first, and `dest`'s credit counts.
+    pub fn cells_for(&mut self, dest: u32) -> usize {
+        let b = &mut self.book;
+        if dest == b.me || dest >= b.n {
+            return 0;
+        }
+        b.reclaim::<V>(&*self.region);
+        let inflight = b.peers[b.pos(dest)].inflight;
+        b.stash.len().min(b.credit.saturating_sub(inflight) as usize)
+    }
 }
 
 /// Wakes local process `index` through its wake socket: its ring found it watching.
@@ -586,6 +598,20 @@ mod tests {
         );
         assert_eq!(got[1].2, big);
         assert_eq!(got[0].2, b"tiny");
+    }
+
+    #[test]
+    fn cells_for_counts_what_a_run_of_packets_would_get() {
+        let (mut a, mut b) = pair(3, 64, 0);
+        let m = [1u8; 8];
+        assert_eq!(a.cells_for(1), 3);
+        assert_eq!(a.cells_for(0), 0, "not to ourselves");
+        assert_eq!(a.cells_for(7), 0, "not past the processes");
+        a.try_send(1, &[1, 0], &[&m], 8).unwrap();
+        a.try_send(1, &[2, 0], &[&m], 8).unwrap();
+        assert_eq!(a.cells_for(1), 1);
+        assert_eq!(drain(&mut b).len(), 2);
+        assert_eq!(a.cells_for(1), 3, "returned cells are taken back first");
     }
 
     #[test]

@@ -226,6 +226,15 @@ pub trait Channel {
         self.pending() == 0
     }
 
+    /// Whether a run of `packets` packets to `peer` would all go to the transport now:
+    /// a sender that puts a message's packets back to back (a medium message) asks
+    /// first, so that none of them waits in a pending list as a copy.
+    #[inline]
+    fn room_for_run(&mut self, peer: Rank, packets: usize) -> bool {
+        let _ = packets;
+        self.room_for(peer)
+    }
+
     /// Makes progress: moves queued sends on, and hands every arrived packet to `sink` in
     /// place. Returns how many packets it handed up.
     fn poll<F: FnMut(Packet<'_>)>(&mut self, sink: F) -> Result<usize, ChannelError>;
@@ -374,6 +383,10 @@ impl<C: Channel + ?Sized> Channel for &mut C {
     #[inline(always)]
     fn room_for(&self, peer: Rank) -> bool {
         (**self).room_for(peer)
+    }
+    #[inline(always)]
+    fn room_for_run(&mut self, peer: Rank, packets: usize) -> bool {
+        (**self).room_for_run(peer, packets)
     }
     #[inline(always)]
     fn poll<F: FnMut(Packet<'_>)>(&mut self, sink: F) -> Result<usize, ChannelError> {

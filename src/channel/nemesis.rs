@@ -388,6 +388,14 @@ impl Channel for NemesisChannel {
         }
     }
 
+    fn room_for_run(&mut self, peer: Rank, packets: usize) -> bool {
+        if self.shm.is_local(peer) {
+            self.shm.room_for_run(peer, packets)
+        } else {
+            self.room_for(peer)
+        }
+    }
+
     #[inline]
     fn poll<F: FnMut(Packet<'_>)>(&mut self, mut sink: F) -> Result<usize, ChannelError> {
         let mut n = self.shm.poll(&mut sink)?;

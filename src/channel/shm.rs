@@ -405,6 +405,15 @@ impl Channel for ShmChannel {
         self.pending.count()
     }
 
+    fn room_for_run(&mut self, peer: Rank, packets: usize) -> bool {
+        match self.local_of.get(peer as usize) {
+            Some(&local) if local < self.rank_of.len() as u32 => {
+                self.pending.count() == 0 && self.port.cells_for(local) >= packets
+            }
+            _ => self.pending.count() == 0,
+        }
+    }
+
     #[inline]
     fn poll<F: FnMut(Packet<'_>)>(&mut self, mut sink: F) -> Result<usize, ChannelError> {
         let mut n = 0;

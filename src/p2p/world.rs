@@ -544,7 +544,10 @@ impl<C: Channel> World<C> {
         }
         if len <= self.cfg.medium_limit
             && self.locality.get(d as usize) == Some(&Locality::Local)
-            && self.core.ch.room_for(d)
+            && self
+                .core
+                .ch
+                .room_for_run(d, len.div_ceil(self.core.ch.max_payload_to(d)))
         {
             self.send_medium(d, ctx, tag, &bufs, len)?;
             return Ok(None);
