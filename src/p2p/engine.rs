@@ -309,6 +309,7 @@ impl Engine {
     /// Starts receive `rr` of (`ctx`, its source, `tag`): matched at once against an
     /// unexpected message, or posted. Returns the request, which may already be complete
     /// (and, if owned, already told and forgotten).
+    #[inline(always)]
     pub(crate) fn start_recv(&mut self, rr: RecvReq, ctx: u32, tag: Option<i32>) -> Result<u32, P2pError> {
         let src = rr.src;
         let u = self.matching.take_unexpected(ctx, src, tag);

@@ -226,7 +226,7 @@ pub(crate) struct Requests {
 
 impl Requests {
     /// Adds `req`; its id is never 0.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn insert(&mut self, req: Req) -> Result<u32, P2pError> {
         let index = match self.free.pop() {
             Some(i) => i,

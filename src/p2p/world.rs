@@ -640,6 +640,7 @@ impl<C: Channel> World<C> {
     /// Starts a receive into `bufs` (lent to the engine until the request completes or is
     /// released). Returns the request, which may already be complete.
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub(crate) fn start_recv(
         &mut self,
         comm: &Arc<CommInner>,

@@ -887,17 +887,21 @@ fn msgrate(pair: &mut Pair, a: &RateArgs, json: bool) -> Result<()> {
             println!("# two-sided: isend x window, the receiver's irecvs pre-posted, waitall on both sides");
             println!("# channel: raw packets of the same size through the channel underneath, interleaved");
             println!(
-                "# {:>7} {:>14} {:>14} {:>7}",
-                "size", "p2p msgs/s", "channel msgs/s", "/chan"
+                "# {:>7} {:>14} {:>14} {:>7} {:>9}  placement",
+                "size", "p2p msgs/s", "channel msgs/s", "/chan", "probe ns"
             );
         } else {
-            println!("# {:>7} {:>14}", "size", "msgs/s");
+            println!("# {:>7} {:>14} {:>9}  placement", "size", "msgs/s", "probe ns");
         }
     }
+    let clock = pair.clock();
     for &size in &a.sizes {
-        let (mut p2p_secs, mut chan_secs) = (Vec::new(), Vec::new());
+        let (mut p2p_secs, mut chan_secs, mut probe) = (Vec::new(), Vec::new(), Vec::new());
         for round in 0..r.rounds {
             progress(&format!("msgrate {size} B: round {}/{}", round + 1, r.rounds));
+            let mut rtt = Vec::new();
+            pair.probe(2_000, 200, &mut rtt)?;
+            probe.push(median(rtt.iter().map(|&t| clock.ns(t) / 2.0).collect()));
             if p2p {
                 p2p_secs.push(pair.stream_p2p(size, r.window, r.iters, r.warmup, None, false)?);
             }
@@ -906,6 +910,7 @@ fn msgrate(pair: &mut Pair, a: &RateArgs, json: bool) -> Result<()> {
         progress_done();
         let msgs = (r.window * r.iters) as f64;
         let chan = msgs / median(chan_secs);
+        let probe_ns = median(probe);
         if p2p {
             let rate = msgs / median(p2p_secs);
             if json {
@@ -913,18 +918,26 @@ fn msgrate(pair: &mut Pair, a: &RateArgs, json: bool) -> Result<()> {
                     .f("msgs_per_s", rate)
                     .f("channel_msgs_per_s", chan)
                     .f("channel_ratio", rate / chan)
+                    .f("probe_ns", probe_ns)
+                    .s("placement", placement(probe_ns))
                     .u("window", r.window)
                     .print();
             } else {
-                println!("{size:>9} {rate:>14.0} {chan:>14.0} {:>7.2}", rate / chan);
+                println!(
+                    "{size:>9} {rate:>14.0} {chan:>14.0} {:>7.2} {probe_ns:>9.0}  {}",
+                    rate / chan,
+                    placement(probe_ns)
+                );
             }
         } else if json {
             Json::row("msgrate", "channel", pair.transport().name(), size)
                 .f("msgs_per_s", chan)
+                .f("probe_ns", probe_ns)
+                .s("placement", placement(probe_ns))
                 .u("window", r.window)
                 .print();
         } else {
-            println!("{size:>9} {chan:>14.0}");
+            println!("{size:>9} {chan:>14.0} {probe_ns:>9.0}  {}", placement(probe_ns));
         }
     }
     Ok(())
