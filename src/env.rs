@@ -48,6 +48,11 @@ pub const KNOWN: &[(&str, Reader, &str)] = &[
     ),
     ("NEMESIS_LMT", Reader::Library, "large-message strategy"),
     (
+        "NEMESIS_LMT_AUTO",
+        Reader::Library,
+        "the order automatic selection tries strategies in",
+    ),
+    (
         "NEMESIS_LMT_RING_SLOTS",
         Reader::Library,
         "slots of each copy ring",

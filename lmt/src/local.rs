@@ -1,6 +1,6 @@
 //! The strategies between processes of one node, behind the [`Lmt`] trait.
 
-use crate::policy::{AUTO_CMA_MIN, AUTO_RING_MIN, CMA_STEP};
+use crate::policy::CMA_STEP;
 use crate::stream::RingEnd;
 use crate::{Lmt, Role};
 use crate::{LmtError, Mode, Policy, Seg, Strategies, Strategy, Xfer, cma, pipe};
@@ -74,18 +74,6 @@ fn check_forced(policy: Policy, cma_refused: Option<&str>) -> Result<(), LmtErro
     }
 }
 
-/// The strategies automatic selection tries for `len` bytes, best first (chunks, the
-/// fallback, after them).
-fn auto_order(len: usize) -> &'static [Strategy] {
-    if len >= AUTO_RING_MIN {
-        &[Strategy::Ring, Strategy::Cma]
-    } else if len >= AUTO_CMA_MIN {
-        &[Strategy::Cma, Strategy::Ring]
-    } else {
-        &[]
-    }
-}
-
 /// Files this makes are named `<prefix>lmt-<kind>-<from>-<to>`.
 fn file_name(prefix: &str, kind: &str, from: u32, to: u32) -> String {
     format!("{prefix}lmt-{kind}-{from}-{to}")
@@ -145,7 +133,8 @@ impl LocalLmt {
     /// The strategy automatic selection gives a message of `len` bytes to a local peer
     /// whose intermediate buffers are free, whatever this side's policy forces.
     pub fn auto_choice(&self, len: usize) -> Strategy {
-        auto_order(len)
+        self.policy
+            .auto_order(len)
             .iter()
             .copied()
             .find(|&s| self.permitted(s))
@@ -195,7 +184,7 @@ impl LocalLmt {
     fn preferred(&self, len: usize) -> Vec<Strategy> {
         match self.policy.force {
             Some(s) => vec![s],
-            None => auto_order(len).to_vec(),
+            None => self.policy.auto_order(len).to_vec(),
         }
     }
 

@@ -4,10 +4,12 @@
 use crate::{LmtError, Strategy};
 use nemesis_shm::ring::RingGeometry;
 
-/// Default ring: slots × bytes per slot.
+/// Default ring: slots × bytes per slot. Measured with `nemesis-bench calibrate` on a
+/// Zen 5 guest: a 512 KiB ring (8 × 64 KiB) stays in the core's cache, and moved 16 MiB
+/// at 32–35 GB/s where a 1 MiB one (8 × 128 KiB) moved 14–16 (BENCHMARKS.md).
 pub const DEFAULT_RING: RingGeometry = RingGeometry {
     slots: 8,
-    slot_size: 128 << 10,
+    slot_size: 64 << 10,
 };
 
 /// Below this many bytes, automatic selection moves data in chunks through the queue
@@ -15,10 +17,53 @@ pub const DEFAULT_RING: RingGeometry = RingGeometry {
 /// walks of CMA cost more than the second copy of a small message.
 pub const AUTO_CMA_MIN: usize = 32 << 10;
 
-/// From this many bytes, automatic selection prefers the copy ring to CMA: both
-/// processes copy at once, a slot apart, and the ring stays in cache, where CMA's
-/// kernel copy runs at about 8 GB/s on the machines measured (README, "Large messages").
-pub const AUTO_RING_MIN: usize = 1 << 20;
+/// The strategies automatic selection tries from [`AUTO_CMA_MIN`] bytes up, best first,
+/// unless `NEMESIS_LMT_AUTO` says: the copy ring, whose two processes copy at once a
+/// slot apart, moved 3–4 times what CMA's kernel copy did at every size from 64 KiB to
+/// 16 MiB, in latency and in bandwidth, on the machines measured (BENCHMARKS.md).
+pub const DEFAULT_AUTO: &[Strategy] = &[Strategy::Ring, Strategy::Cma];
+
+/// The most strategies an automatic order names.
+const AUTO_MAX: usize = 4;
+
+/// The order automatic selection tries strategies in (chunks, the fallback, after them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AutoOrder {
+    order: [Strategy; AUTO_MAX],
+    len: usize,
+}
+
+impl AutoOrder {
+    /// An order of up to four strategies; `None` if there are more, or chunks among them
+    /// (it is always last), or one twice.
+    pub fn new(order: &[Strategy]) -> Option<Self> {
+        if order.len() > AUTO_MAX || order.contains(&Strategy::Chunks) {
+            return None;
+        }
+        for (i, s) in order.iter().enumerate() {
+            if order[..i].contains(s) {
+                return None;
+            }
+        }
+        let mut o = [Strategy::Chunks; AUTO_MAX];
+        o[..order.len()].copy_from_slice(order);
+        Some(Self {
+            order: o,
+            len: order.len(),
+        })
+    }
+
+    /// The strategies, best first.
+    pub fn as_slice(&self) -> &[Strategy] {
+        &self.order[..self.len]
+    }
+}
+
+impl Default for AutoOrder {
+    fn default() -> Self {
+        Self::new(DEFAULT_AUTO).expect("a valid order")
+    }
+}
 
 /// Bytes one CMA system call moves at most, so a huge transfer leaves room for other
 /// traffic between calls.
@@ -31,6 +76,8 @@ pub struct Policy {
     pub force: Option<Strategy>,
     /// Shape of each copy ring (`NEMESIS_LMT_RING_SLOTS`, `NEMESIS_LMT_RING_SLOT_SIZE`).
     pub ring: RingGeometry,
+    /// What automatic selection tries, best first (`NEMESIS_LMT_AUTO`).
+    pub auto: AutoOrder,
 }
 
 impl Default for Policy {
@@ -38,12 +85,26 @@ impl Default for Policy {
         Self {
             force: None,
             ring: DEFAULT_RING,
+            auto: AutoOrder::default(),
         }
     }
 }
 
 impl Policy {
-    /// Reads `NEMESIS_LMT`, `NEMESIS_LMT_RING_SLOTS` and `NEMESIS_LMT_RING_SLOT_SIZE`.
+    /// The strategies automatic selection tries for `len` bytes, best first (chunks, the
+    /// fallback, after them).
+    pub fn auto_order(&self, len: usize) -> &[Strategy] {
+        if len >= AUTO_CMA_MIN {
+            self.auto.as_slice()
+        } else {
+            &[]
+        }
+    }
+}
+
+impl Policy {
+    /// Reads `NEMESIS_LMT`, `NEMESIS_LMT_AUTO`, `NEMESIS_LMT_RING_SLOTS` and
+    /// `NEMESIS_LMT_RING_SLOT_SIZE`.
     pub fn from_env() -> Result<Self, LmtError> {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
@@ -66,6 +127,24 @@ impl Policy {
                         })?,
                 ),
             };
+        }
+        if let Some(v) = get("NEMESIS_LMT_AUTO").filter(|v| !v.trim().is_empty()) {
+            let bad = |reason: &str| LmtError::Config {
+                var: "NEMESIS_LMT_AUTO",
+                value: v.clone(),
+                reason: reason.into(),
+            };
+            let order = v
+                .split(',')
+                .map(|n| {
+                    let n = n.trim().to_ascii_lowercase();
+                    Strategy::ALL
+                        .into_iter()
+                        .find(|s| s.name() == n && *s != Strategy::Chunks)
+                        .ok_or_else(|| bad("expected strategies from cma, cma-put, ring and vmsplice, best first, such as ring,cma"))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            p.auto = AutoOrder::new(&order).ok_or_else(|| bad("each strategy at most once"))?;
         }
         let size = |var: &'static str, default: u32, what: &str| -> Result<u32, LmtError> {
             match get(var).filter(|v| !v.trim().is_empty()) {
@@ -95,7 +174,7 @@ impl Policy {
         let slot = size(
             "NEMESIS_LMT_RING_SLOT_SIZE",
             DEFAULT_RING.slot_size,
-            "a size such as 128K, a multiple of 4K up to 64M",
+            "a size such as 64K, a multiple of 4K up to 64M",
         )?;
         if slot % 4096 != 0 || slot > 64 << 20 {
             return Err(LmtError::Config {
@@ -131,11 +210,18 @@ mod tests {
         ])
         .unwrap();
         assert_eq!((p.ring.slots, p.ring.slot_size), (4, 1 << 20));
+        let p = parse(&[("NEMESIS_LMT_AUTO", "vmsplice, CMA")]).unwrap();
+        assert_eq!(p.auto_order(1 << 20), &[Strategy::Vmsplice, Strategy::Cma]);
+        assert_eq!(p.auto_order(AUTO_CMA_MIN - 1), &[] as &[Strategy]);
+        assert_eq!(Policy::default().auto_order(1 << 20), DEFAULT_AUTO);
     }
 
     #[test]
     fn bad_values_name_the_variable() {
         for (k, v) in [
+            ("NEMESIS_LMT_AUTO", "ring,ring"),
+            ("NEMESIS_LMT_AUTO", "ring,chunks"),
+            ("NEMESIS_LMT_AUTO", "rdma"),
             ("NEMESIS_LMT", "rdma"),
             ("NEMESIS_LMT_RING_SLOTS", "0"),
             ("NEMESIS_LMT_RING_SLOTS", "5000"),

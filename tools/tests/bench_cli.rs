@@ -122,6 +122,23 @@ fn stream_ring_and_memory_json() {
         .unwrap();
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--lmt carrier-pigeon"));
+    let cal = json_lines(&[
+        "calibrate",
+        "--sizes",
+        "64K",
+        "--window",
+        "2",
+        "--rounds",
+        "1",
+        "--json",
+    ]);
+    let last = cal.last().expect("rows");
+    has(last, &["recommended", "ring_of_best", "probe_ns"]);
+    assert!(
+        cal[0].contains("\"strategy\"") && cal[0].contains("\"mb_s\""),
+        "{}",
+        cal[0]
+    );
     let rate = &json_lines(&[
         "msgrate", "--sizes", "8", "--iters", "3", "--warmup", "1", "--rounds", "1", "--json",
     ])[0];

@@ -54,10 +54,149 @@ enum Cmd {
     /// Time per request of finishing many outstanding receives with test_some over a
     /// request set, and with a scoped waitall (two threads of this process).
     Requests(RequestsArgs),
+    /// Measures every large-message strategy this machine permits, both receive shapes,
+    /// interleaved round by round, and says which order NEMESIS_LMT_AUTO should give.
+    Calibrate(CalibrateArgs),
     /// Two-sided nemesis beside MPI peers, interleaved round by round: latency, osu_bw
     /// bandwidth (one receive buffer) and message rate, with nemesis/peer ratios.
     /// scripts/peers.sh builds the peers and calls this.
     Peers(PeersArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+struct CalibrateArgs {
+    /// Message sizes (each above the medium limit goes by rendezvous anyway; the
+    /// strategies are forced at every size).
+    #[arg(long, value_delimiter = ',', value_parser = size, default_value = "256K,1M,4M,16M")]
+    sizes: Vec<usize>,
+    /// Messages per window.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..))]
+    window: u64,
+    /// Rounds; the median of each figure is used.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: u32,
+    /// Do not pin the two processes to CPUs.
+    #[arg(long)]
+    no_pin: bool,
+}
+
+/// Measures every permitted strategy and prints the order automatic selection should
+/// try them in: by the geometric mean, over sizes and receive shapes, of each one's
+/// bandwidth as a fraction of the best at that size and shape.
+fn calibrate(a: &CalibrateArgs, json: bool) -> Result<()> {
+    use nemesis::lmt::Strategy;
+    let mut pair = Pair::start(!a.no_pin)?;
+    let cma = nemesis::lmt::cma::probe().is_ok();
+    let strategies: Vec<Strategy> = Strategy::ALL
+        .into_iter()
+        .filter(|&s| s != Strategy::Chunks && (cma || !matches!(s, Strategy::Cma | Strategy::CmaPut)))
+        .chain([Strategy::Chunks])
+        .collect();
+    let clock = pair.clock();
+    let shapes = [false, true];
+    // (size, osu, strategy) -> seconds per round
+    let mut secs: std::collections::BTreeMap<(usize, bool, usize), Vec<f64>> = Default::default();
+    let mut probe = Vec::new();
+    for r in 0..a.rounds {
+        let mut rtt = Vec::new();
+        pair.probe(2_000, 200, &mut rtt)?;
+        probe.push(median(rtt.iter().map(|&t| clock.ns(t) / 2.0).collect()));
+        for &size in &a.sizes {
+            let iters = measure::peers::bw_iters(size, a.window);
+            for osu in shapes {
+                for (i, &s) in strategies.iter().enumerate() {
+                    progress(&format!(
+                        "calibrate {size} B {}: round {}/{}",
+                        s.name(),
+                        r + 1,
+                        a.rounds
+                    ));
+                    let t = pair.stream_p2p(size, a.window, iters, (iters / 10).max(1), Some(s), osu)?;
+                    secs.entry((size, osu, i)).or_default().push(t);
+                }
+            }
+        }
+    }
+    progress_done();
+    pair.finish()?;
+    let probe_ns = median(probe);
+    let mut score = vec![0.0f64; strategies.len()];
+    let mut cells = 0;
+    if !json {
+        println!(
+            "# large-message strategies on {}, MB/s, window {}, {} rounds interleaved, probe {probe_ns:.0} ns ({})",
+            measure::cpu_model(),
+            a.window,
+            a.rounds,
+            placement(probe_ns)
+        );
+        print!("# {:>9} {:>9}", "size", "recv bufs");
+        for s in &strategies {
+            print!(" {:>9}", s.name());
+        }
+        println!("  best");
+    }
+    for &size in &a.sizes {
+        let iters = measure::peers::bw_iters(size, a.window);
+        let bytes = (size as u64 * a.window * iters) as f64;
+        for osu in shapes {
+            let mb: Vec<f64> = (0..strategies.len())
+                .map(|i| bytes / median(secs.remove(&(size, osu, i)).unwrap_or_default()) / 1e6)
+                .collect();
+            let best = mb.iter().copied().fold(0.0, f64::max);
+            let at = mb.iter().position(|&m| m == best).unwrap_or(0);
+            for (i, m) in mb.iter().enumerate() {
+                score[i] += (m / best).max(1e-9).ln();
+            }
+            cells += 1;
+            let bufs = if osu { "one" } else { "distinct" };
+            if json {
+                for (s, m) in strategies.iter().zip(&mb) {
+                    Json::new("calibrate")
+                        .u("size", size as u64)
+                        .s("recv_buffers", bufs)
+                        .s("strategy", s.name())
+                        .f("mb_s", *m)
+                        .print();
+                }
+            } else {
+                print!("{size:>11} {bufs:>9}");
+                for m in &mb {
+                    print!(" {m:>9.0}");
+                }
+                println!("  {}", strategies[at].name());
+            }
+        }
+    }
+    let mut ranked: Vec<(f64, Strategy)> = score
+        .iter()
+        .map(|&s| (s / cells.max(1) as f64).exp())
+        .zip(strategies.iter().copied())
+        .collect();
+    ranked.sort_by(|x, y| y.0.total_cmp(&x.0));
+    // Chunks is always the fallback, never named in the order.
+    let order: Vec<&str> = ranked
+        .iter()
+        .filter(|(_, s)| *s != Strategy::Chunks)
+        .map(|(_, s)| s.name())
+        .collect();
+    if json {
+        let mut row = Json::new("calibrate").s("recommended", &order.join(","));
+        for (g, s) in &ranked {
+            row = row.f(&format!("{}_of_best", s.name().replace('-', "_")), *g);
+        }
+        row.f("probe_ns", probe_ns)
+            .s("placement", placement(probe_ns))
+            .print();
+    } else {
+        print!("# each as a fraction of the best (geometric mean):");
+        for (g, s) in &ranked {
+            print!(" {} {g:.2}", s.name());
+        }
+        println!();
+        println!("NEMESIS_LMT_AUTO={}", order.join(","));
+    }
+    Ok(())
 }
 
 #[derive(Args, Debug, Clone)]
@@ -1266,6 +1405,7 @@ fn run(cli: Cli) -> Result<()> {
         Some(Cmd::Memory(a)) => memory(&a, cli.json)?,
         Some(Cmd::Requests(a)) => requests(&a, cli.json)?,
         Some(Cmd::Peers(a)) => peers(&a, cli.json)?,
+        Some(Cmd::Calibrate(a)) => calibrate(&a, cli.json)?,
         None => {
             let lat = LatencyArgs::parse_defaults();
             let bw = BwArgs::parse_defaults();
