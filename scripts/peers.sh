@@ -3,7 +3,11 @@
 # round in one run (`nemesis-bench peers`): ping-pong latency, osu_bw bandwidth with one
 # receive buffer, and message rate, with nemesis/peer ratios as a table or JSON lines.
 #
-#   scripts/peers.sh [--build-mpich-nemesis] [--json] [-- NEMESIS-BENCH-PEERS-OPTIONS]
+#   scripts/peers.sh [--build-mpich-nemesis] [--tcp] [--json] [-- NEMESIS-BENCH-PEERS-OPTIONS]
+#
+# --tcp compares over loopback TCP instead of shared memory: nemesis's tcp netmod with
+# shared memory off, MPICH ch3:nemesis's tcp netmod (MPIR_CVAR_NOLOCAL=1), UCX's tcp
+# transport (UCX_TLS=tcp,self) and Open MPI's tcp BTL.
 #
 # Peers, each used when present:
 #   Debian's MPICH      mpicc.mpich / mpiexec.mpich (named by its device: mpich-ch4-ucx)
@@ -17,12 +21,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 build_ch3=0
+tcp=0
 json=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --build-mpich-nemesis) build_ch3=1 ;;
         --json) json=(--json) ;;
-        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --tcp) tcp=1 ;;
+        -h|--help) sed -n '2,/^set /p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
         --) shift; break ;;
         *) echo "peers: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -76,16 +82,32 @@ add_peer() { # NAME MPICC LAUNCH...
     "$mpicc" -O2 -o "$bin" scripts/peers/osu_peer.c
     peers+=(--peer "$name=$* $bin")
 }
+suffix=""
+btl=self,vader
+extra=()
+if [ "$tcp" = 1 ]; then
+    suffix=-tcp
+    btl=self,tcp
+    extra=(--transport tcp)
+fi
 if command -v mpicc.mpich >/dev/null && command -v mpiexec.mpich >/dev/null; then
     device=$(mpichversion 2>/dev/null | awk -F'\t' '/Device/ { gsub(/[^a-z0-9]+/, "-", $NF); print $NF }')
-    add_peer "mpich-${device:-debian}" mpicc.mpich mpiexec.mpich -n 2 -bind-to core
+    if [ "$tcp" = 1 ]; then
+        add_peer "mpich-${device:-debian}$suffix" mpicc.mpich env UCX_TLS=tcp,self mpiexec.mpich -n 2 -bind-to core
+    else
+        add_peer "mpich-${device:-debian}" mpicc.mpich mpiexec.mpich -n 2 -bind-to core
+    fi
 fi
 if command -v mpicc.openmpi >/dev/null && command -v mpiexec.openmpi >/dev/null; then
-    add_peer openmpi mpicc.openmpi mpiexec.openmpi --allow-run-as-root --oversubscribe -n 2 \
-        --bind-to core --mca pml ob1 --mca btl self,vader
+    add_peer "openmpi$suffix" mpicc.openmpi mpiexec.openmpi --allow-run-as-root --oversubscribe -n 2 \
+        --bind-to core --mca pml ob1 --mca btl "$btl"
 fi
 if [ -x "$ch3/bin/mpicc" ]; then
-    add_peer mpich-ch3-nemesis "$ch3/bin/mpicc" "$ch3/bin/mpiexec" -n 2 -bind-to core
+    if [ "$tcp" = 1 ]; then
+        add_peer "mpich-ch3-nemesis$suffix" "$ch3/bin/mpicc" env MPIR_CVAR_NOLOCAL=1 "$ch3/bin/mpiexec" -n 2 -bind-to core
+    else
+        add_peer mpich-ch3-nemesis "$ch3/bin/mpicc" "$ch3/bin/mpiexec" -n 2 -bind-to core
+    fi
 fi
 if [ ${#peers[@]} -eq 0 ]; then
     echo "peers: no MPI found (apt-get install mpich libmpich-dev, or openmpi-bin libopenmpi-dev;" >&2
@@ -94,4 +116,4 @@ if [ ${#peers[@]} -eq 0 ]; then
 fi
 
 cargo build --release --quiet --bin nemesis-bench
-exec target/release/nemesis-bench "${json[@]}" peers "${peers[@]}" "$@"
+exec target/release/nemesis-bench "${json[@]}" peers "${extra[@]}" "${peers[@]}" "$@"

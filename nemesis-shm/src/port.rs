@@ -271,6 +271,23 @@ impl<R: Region, V: Variant> Port<R, V> {
         false
     }
 
+    /// [`Port::try_send`] without a look at the fastbox, for a caller that has just found
+    /// it busy ([`Port::try_fbox_unchecked`]): a second look would only fetch the line
+    /// the receiver acknowledges on once more.
+    ///
+    /// # Panics
+    /// As for [`Port::try_send`].
+    #[inline]
+    pub fn try_send_cell(
+        &mut self,
+        dest: u32,
+        env: &Envelope,
+        payload: &[&[u8]],
+        len: usize,
+    ) -> Result<(), Full> {
+        self.send_cell(dest, env, payload, len)
+    }
+
     /// The queue path of [`Port::try_send`]: a cell from our pool onto the receiver's
     /// queue. Kept out of line so the fastbox path stays small.
     #[inline(never)]

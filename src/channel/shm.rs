@@ -277,7 +277,7 @@ impl ShmChannel {
     }
 
     /// Everything [`Channel::send`] does besides a fastbox: checks, loopback, cells,
-    /// and the pending list.
+    /// and the pending list. Called after [`ShmChannel::try_fast_send`] said no.
     #[inline(never)]
     pub(super) fn send_slow(
         &mut self,
@@ -309,8 +309,13 @@ impl ShmChannel {
                 self.extra = true;
                 Ok(SendStatus::Sent)
             }
+            // With nothing pending, `try_fast_send` has just found the fastbox busy.
+            _ if self.pending.count() == 0 && self.port.try_send_cell(local, &env, payload, len).is_ok() => {
+                Ok(SendStatus::Sent)
+            }
             // SAFETY: any other value is another local process's index.
-            _ if !self.pending.has(local)
+            _ if self.pending.count() != 0
+                && !self.pending.has(local)
                 && unsafe { self.port.try_send_unchecked(local, &env, payload, len) }.is_ok() =>
             {
                 Ok(SendStatus::Sent)

@@ -230,6 +230,10 @@ struct PeersArgs {
     /// Do not pin nemesis's two processes to CPUs (the peers' commands pin their own).
     #[arg(long)]
     no_pin: bool,
+    /// What carries nemesis's messages: shm, or tcp or udp on loopback with shared
+    /// memory turned off (give the peers their own network transport to compare).
+    #[arg(long, value_parser = transport, default_value = "shm")]
+    transport: Transport,
 }
 
 fn peer_arg(s: &str) -> Result<measure::peers::Peer, String> {
@@ -266,7 +270,7 @@ fn peers(a: &PeersArgs, json: bool) -> Result<()> {
         window: a.window,
         rate_iters: a.rate_iters,
     };
-    let mut pair = Pair::start(!a.no_pin)?;
+    let mut pair = Pair::start_over(!a.no_pin, a.transport)?;
     let mut rounds = Vec::new();
     let mut probe = Vec::new();
     for r in 0..a.rounds {
@@ -282,7 +286,8 @@ fn peers(a: &PeersArgs, json: bool) -> Result<()> {
     let cpu = measure::cpu_model();
     if !json {
         println!(
-            "# two-sided nemesis beside MPI peers on {cpu}, {pinned}, {} rounds interleaved",
+            "# two-sided nemesis over {} beside MPI peers on {cpu}, {pinned}, {} rounds interleaved",
+            a.transport.name(),
             a.rounds
         );
         println!(
@@ -307,6 +312,7 @@ fn peers(a: &PeersArgs, json: bool) -> Result<()> {
                     let theirs = med[&(*test, size, n.to_string())];
                     Json::new("peers")
                         .s("test", test.name())
+                        .s("transport", a.transport.name())
                         .u("size", size as u64)
                         .s("unit", test.unit())
                         .f("nemesis", ours)
