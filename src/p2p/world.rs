@@ -1182,7 +1182,7 @@ const FRESH_ANY_TAG: i32 = -1;
 
 /// A medium message that a [`Fresh`] receive is taking: its packets from `src` go
 /// straight into the receive's buffer.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 struct Arriving {
     src: u32,
     tag: i32,
@@ -1201,14 +1201,26 @@ struct Fresh<'b> {
 }
 
 impl Fresh<'_> {
-    /// Takes `p` if it is the first that matches; hands anything else on.
+    /// Takes `p` if it is the first that matches; hands anything else on. The medium
+    /// protocol's rarer steps are functions that are given fields, never `self`, so that
+    /// the receive's state stays in registers on the eager path.
     #[inline(always)]
     fn offer(&mut self, eng: &mut Engine, others: &mut Others<'_>, p: Packet<'_>) {
         let h = p.header;
-        if let Some(a) = &mut self.arriving
+        if let Some(a) = self.arriving
             && a.src == p.src
         {
-            self.take_mdata(eng, p);
+            self.arriving = medium_next(eng, a, &mut *self.buf, p);
+            if let Some(a) = self.arriving
+                && a.got == a.total
+            {
+                self.found = Some(Found::Eager {
+                    src: a.src,
+                    tag: a.tag,
+                    len: a.total,
+                });
+                self.arriving = None;
+            }
             return;
         }
         if self.found.is_none()
@@ -1227,7 +1239,17 @@ impl Fresh<'_> {
                     len: p.payload.len(),
                 });
             } else if h.kind == MEDIUM {
-                self.take_medium(eng, p);
+                self.arriving = medium_first(eng, &mut *self.buf, p);
+                if let Some(a) = &self.arriving
+                    && a.got == a.total
+                {
+                    self.found = Some(Found::Eager {
+                        src: a.src,
+                        tag: a.tag,
+                        len: a.total,
+                    });
+                    self.arriving = None;
+                }
             } else if let Some(rts) = eng.parse_rts(p.src, h.aux, p.payload) {
                 self.found = Some(Found::Rts {
                     src: p.src,
@@ -1240,86 +1262,82 @@ impl Fresh<'_> {
         let late = h.kind == MDATA && self.found.is_none() && self.arriving.is_none();
         dispatch(eng, others, p);
         if late {
-            self.take_late(eng);
+            let src = (self.src != FRESH_ANY_SRC).then_some(self.src);
+            let tag = (self.tag != FRESH_ANY_TAG).then_some(self.tag);
+            if let Some(found) = take_late(eng, self.ctx, src, tag, &mut *self.buf) {
+                self.found = Some(found);
+            }
         }
     }
+}
 
-    /// After the engine took the last packet of a medium message it had gathered aside:
-    /// if that message waits unexpected and selects this receive, it is this receive's,
-    /// for nothing that selected it was waiting when the receive began.
-    #[cold]
-    fn take_late(&mut self, eng: &mut Engine) {
-        let src = (self.src != FRESH_ANY_SRC).then_some(self.src);
-        let tag = (self.tag != FRESH_ANY_TAG).then_some(self.tag);
-        let Some(u) = eng.matching.take_unexpected(self.ctx, src, tag) else {
-            return;
-        };
-        self.found = Some(match u.body {
-            Body::Eager(data) => {
-                let n = data.len().min(self.buf.len());
-                self.buf[..n].copy_from_slice(&data[..n]);
-                Found::Eager {
-                    src: u.src,
-                    tag: u.tag,
-                    len: data.len(),
-                }
-            }
-            Body::Rts(rts) => Found::Rts {
+/// After the engine took the last packet of a medium message it had gathered aside:
+/// if that message waits unexpected and selects a blocking receive of (`ctx`, `src`,
+/// `tag`), it is that receive's, for nothing that selected it was waiting when the
+/// receive began. Eager bytes are copied into `buf`.
+#[cold]
+#[inline(never)]
+fn take_late(
+    eng: &mut Engine,
+    ctx: u32,
+    src: Option<u32>,
+    tag: Option<i32>,
+    buf: &mut [u8],
+) -> Option<Found> {
+    let u = eng.matching.take_unexpected(ctx, src, tag)?;
+    Some(match u.body {
+        Body::Eager(data) => {
+            let n = data.len().min(buf.len());
+            buf[..n].copy_from_slice(&data[..n]);
+            Found::Eager {
                 src: u.src,
                 tag: u.tag,
-                rts: Box::new(rts),
-            },
-        });
-    }
+                len: data.len(),
+            }
+        }
+        Body::Rts(rts) => Found::Rts {
+            src: u.src,
+            tag: u.tag,
+            rts: Box::new(rts),
+        },
+    })
+}
 
-    /// The first packet of a medium message for this receive.
-    #[cold]
-    fn take_medium(&mut self, eng: &mut Engine, p: Packet<'_>) {
-        let total = p.header.aux as usize;
-        if let Err(what) = eng.medium.check_first(p.src, total, p.payload.len()) {
-            eng.fault(p.src, what);
-            return;
-        }
-        let n = p.payload.len().min(self.buf.len());
-        nemesis_shm::region::copy_into(&mut self.buf[..n], &p.payload[..n]);
-        self.arriving = Some(Arriving {
-            src: p.src,
-            tag: p.header.tag,
-            total,
-            got: p.payload.len(),
-        });
-        self.whole_yet();
+/// The first packet of a medium message for a blocking receive into `buf`: its bytes
+/// copied, and what is still to come; `None` (and a fault) if it is malformed.
+#[cold]
+#[inline(never)]
+fn medium_first(eng: &mut Engine, buf: &mut [u8], p: Packet<'_>) -> Option<Arriving> {
+    let total = p.header.aux as usize;
+    if let Err(what) = eng.medium.check_first(p.src, total, p.payload.len()) {
+        eng.fault(p.src, what);
+        return None;
     }
+    let n = p.payload.len().min(buf.len());
+    nemesis_shm::region::copy_into(&mut buf[..n], &p.payload[..n]);
+    Some(Arriving {
+        src: p.src,
+        tag: p.header.tag,
+        total,
+        got: p.payload.len(),
+    })
+}
 
-    /// The next packet from the source of the medium message this receive is taking:
-    /// its next bytes.
-    fn take_mdata(&mut self, eng: &mut Engine, p: Packet<'_>) {
-        let Some(a) = &mut self.arriving else { return };
-        if p.header.kind != MDATA || a.got + p.payload.len() > a.total {
-            // The rest of the message cannot be told apart any more: the receive fails.
-            self.arriving = None;
-            eng.fault(p.src, "a medium message broken off or overrun");
-            return;
-        }
-        let at = a.got;
-        a.got += p.payload.len();
-        if at < self.buf.len() {
-            let n = p.payload.len().min(self.buf.len() - at);
-            nemesis_shm::region::copy_into(&mut self.buf[at..at + n], &p.payload[..n]);
-        }
-        self.whole_yet();
+/// The next packet from the source of the medium message `a` that a blocking receive
+/// into `buf` is taking: its next bytes, copied, and what is still to come. `None` (and
+/// a fault) if it is anything but the message's next MDATA: the rest can no longer be
+/// told apart.
+#[inline(never)]
+fn medium_next(eng: &mut Engine, mut a: Arriving, buf: &mut [u8], p: Packet<'_>) -> Option<Arriving> {
+    if p.header.kind != MDATA || a.got + p.payload.len() > a.total {
+        eng.fault(p.src, "a medium message broken off or overrun");
+        return None;
     }
-
-    fn whole_yet(&mut self) {
-        if let Some(a) = &self.arriving
-            && a.got == a.total
-        {
-            self.found = Some(Found::Eager {
-                src: a.src,
-                tag: a.tag,
-                len: a.total,
-            });
-            self.arriving = None;
-        }
+    let at = a.got;
+    a.got += p.payload.len();
+    if at < buf.len() {
+        let n = p.payload.len().min(buf.len() - at);
+        nemesis_shm::region::copy_into(&mut buf[at..at + n], &p.payload[..n]);
     }
+    Some(a)
 }
