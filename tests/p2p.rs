@@ -225,7 +225,7 @@ fn child_dies_mid_transfer() {
 #[test]
 #[ignore = "child process of the multi-process tests"]
 fn child_dies_after_medium() {
-    const LEN: usize = 200 << 10;
+    const LEN: usize = 100 << 10;
     child_main(|| {
         let mut w = nemesis::init().map_err(|e| e.to_string())?;
         let c = w.comm();

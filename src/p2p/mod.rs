@@ -184,7 +184,7 @@ pub const DEFAULT_NET_EAGER_LIMIT: usize = 32 << 10;
 
 /// The medium limit unless `NEMESIS_MEDIUM_LIMIT` says: chosen by measurement (see
 /// BENCHMARKS.md), as the size up to which a run of packets beats a rendezvous.
-pub const DEFAULT_MEDIUM_LIMIT: usize = 256 << 10;
+pub const DEFAULT_MEDIUM_LIMIT: usize = 128 << 10;
 
 /// Tunables, from the environment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
