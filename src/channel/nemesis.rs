@@ -264,7 +264,7 @@ impl NemesisChannel {
         header: Header,
         payload: &[&[u8]],
     ) -> Result<SendStatus, ChannelError> {
-        match self.shm.send_slow(peer, header, payload) {
+        match self.shm.send_slow_inline(peer, header, payload) {
             Err(ChannelError::NoRoute { .. }) if self.net.is_some() => self.send_net(peer, header, payload),
             Ok(s) if peer == self.shm.rank() && self.shm.armed() => {
                 // Nothing rings for a packet to ourselves: whoever sleeps on the wait

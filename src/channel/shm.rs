@@ -285,6 +285,18 @@ impl ShmChannel {
         header: Header,
         payload: &[&[u8]],
     ) -> Result<SendStatus, ChannelError> {
+        self.send_slow_inline(peer, header, payload)
+    }
+
+    /// [`ShmChannel::send_slow`], for a caller that is itself out of line (the
+    /// [`super::NemesisChannel`]'s slow path), so that a queued packet costs one call.
+    #[inline(always)]
+    pub(super) fn send_slow_inline(
+        &mut self,
+        peer: Rank,
+        header: Header,
+        payload: &[&[u8]],
+    ) -> Result<SendStatus, ChannelError> {
         let len: usize = payload.iter().map(|p| p.len()).sum();
         let env = header.to_envelope();
         let Some(&local) = self.local_of.get(peer as usize) else {

@@ -162,7 +162,7 @@ pub fn cpu_model() -> String {
 }
 
 /// If this process was started as a measurement partner, plays its role and exits.
-/// Call it first thing in `main` of any program that uses [`Pair`] or [`ring`].
+/// Call it first thing in `main` of any program that uses [`Pair`] or [`Ring`].
 pub fn serve_if_partner() {
     let Ok(role) = std::env::var(ROLE_VAR) else { return };
     let r = match role.as_str() {
