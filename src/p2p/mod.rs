@@ -177,10 +177,11 @@ impl P2pError {
     }
 }
 
-/// The eager limit towards ranks on other nodes unless `NEMESIS_EAGER_LIMIT` says:
-/// chosen by measurement (see README), as the point where a rendezvous's round trip
-/// stops paying for the copy that an unexpected eager message costs its receiver.
-pub const DEFAULT_NET_EAGER_LIMIT: usize = 32 << 10;
+/// The eager limit towards ranks on other nodes unless `NEMESIS_EAGER_LIMIT` says, and
+/// never more than the netmod's largest packet: chosen by measurement (BENCHMARKS.md).
+/// Over loopback tcp and udp an eager message of 64 and 128 KiB beat the rendezvous in
+/// latency (by 2–3×) and in bandwidth.
+pub const DEFAULT_NET_EAGER_LIMIT: usize = 128 << 10;
 
 /// The medium limit unless `NEMESIS_MEDIUM_LIMIT` says: chosen by measurement (see
 /// BENCHMARKS.md), as the size up to which a run of packets beats a rendezvous.
