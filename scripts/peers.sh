@@ -11,7 +11,9 @@
 #
 # Peers, each used when present:
 #   Debian's MPICH      mpicc.mpich / mpiexec.mpich (named by its device: mpich-ch4-ucx)
-#   Open MPI            mpicc.openmpi / mpiexec.openmpi, with the vader shared-memory BTL
+#   Open MPI            mpicc.openmpi / mpiexec.openmpi, with the vader shared-memory BTL;
+#                       also barrier and allreduce among 4 and 8 ranks on these CPUs,
+#                       against nemesis's through messages
 #   MPICH ch3:nemesis   4.0.2 from the Debian source package, built into
 #                       target/peers/mpich-nemesis by --build-mpich-nemesis (once; it is
 #                       kept, and used from then on; about 10 minutes on 2 CPUs)
@@ -101,6 +103,11 @@ fi
 if command -v mpicc.openmpi >/dev/null && command -v mpiexec.openmpi >/dev/null; then
     add_peer "openmpi$suffix" mpicc.openmpi mpiexec.openmpi --allow-run-as-root --oversubscribe -n 2 \
         --bind-to core --mca pml ob1 --mca btl "$btl"
+    # Barrier and allreduce among more ranks than CPUs: unbound, and Open MPI yields
+    # when idle under --oversubscribe. (MPICH's ranks busy-poll there, a barrier taking
+    # milliseconds, so they are not asked.)
+    peers+=(--peer-coll "openmpi$suffix=mpiexec.openmpi --allow-run-as-root --oversubscribe --bind-to none \
+-n {n} --mca pml ob1 --mca btl $btl $PWD/$out/osu_peer.openmpi$suffix")
 fi
 if [ -x "$ch3/bin/mpicc" ]; then
     if [ "$tcp" = 1 ]; then

@@ -9,8 +9,11 @@
  *                                         WINDOW MPI_Irecv into one buffer, a 4-byte ack
  *                                         per window; MB/s (10^6 bytes a second)
  *   osu_peer rate SIZES WINDOW ITERS      the same, counted in messages a second
+ *   osu_peer coll 0 ITERS WARMUP          MPI_Barrier, and MPI_Allreduce of one double
+ *                                         summed: ns per call on rank 0, any number of
+ *                                         ranks
  *
- * SIZES is a comma-separated list of byte counts. Run with two ranks.
+ * SIZES is a comma-separated list of byte counts. Run with two ranks, but for coll.
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -114,7 +117,33 @@ static double stream(int me, long size, long window, long iters, long warmup) {
 }
 
 static void usage(void) {
-    fprintf(stderr, "usage: osu_peer lat SIZES ITERS WARMUP | bw SIZES WINDOW ITERS | rate SIZES WINDOW ITERS\n");
+    fprintf(stderr, "usage: osu_peer lat SIZES ITERS WARMUP | bw SIZES WINDOW ITERS | rate SIZES WINDOW ITERS"
+                    " | coll 0 ITERS WARMUP\n");
+}
+
+static void collectives(int me, int n, long iters, long warmup) {
+    double x = 1.0, sum = 0.0;
+    for (long i = 0; i < warmup; i++)
+        MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = now_ns();
+    for (long i = 0; i < iters; i++)
+        MPI_Barrier(MPI_COMM_WORLD);
+    double barrier = (now_ns() - t0) / (double)iters;
+    for (long i = 0; i < warmup; i++)
+        MPI_Allreduce(&x, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Barrier(MPI_COMM_WORLD);
+    t0 = now_ns();
+    for (long i = 0; i < iters; i++)
+        MPI_Allreduce(&x, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    double allreduce = (now_ns() - t0) / (double)iters;
+    if (me == 0) {
+        if (sum != (double)n)
+            fprintf(stderr, "osu_peer: allreduce gave %f, expected %d\n", sum, n);
+        printf("{\"bench\":\"coll\",\"collective\":\"barrier\",\"size\":%d,\"ns\":%.1f}\n", n, barrier);
+        printf("{\"bench\":\"coll\",\"collective\":\"allreduce\",\"size\":%d,\"ns\":%.1f}\n", n, allreduce);
+        fflush(stdout);
+    }
 }
 
 int main(int argc, char **argv) {
@@ -125,6 +154,11 @@ int main(int argc, char **argv) {
     long sizes[MAX_SIZES];
     int count = argc == 5 ? parse_sizes(argv[2], sizes) : -1;
     long a = argc == 5 ? atol(argv[3]) : 0, b = argc == 5 ? atol(argv[4]) : 0;
+    if (argc == 5 && strcmp(argv[1], "coll") == 0 && a > 0 && b >= 0) {
+        collectives(me, n, a, b);
+        MPI_Finalize();
+        return 0;
+    }
     if (n != 2 || count <= 0 || a <= 0 || b < 0) {
         if (me == 0) {
             if (n != 2)

@@ -234,6 +234,17 @@ struct PeersArgs {
     /// memory turned off (give the peers their own network transport to compare).
     #[arg(long, value_parser = transport, default_value = "shm")]
     transport: Transport,
+    /// The collectives of a peer given by --peer: NAME=COMMAND, where COMMAND starts
+    /// `{n}` ranks of osu_peer (unbound: they outnumber the CPUs), for example
+    /// "openmpi=mpiexec.openmpi --oversubscribe --bind-to none -n {n} ./osu_peer".
+    #[arg(long = "peer-coll", value_parser = peer_arg)]
+    peer_coll: Vec<measure::peers::Peer>,
+    /// Process counts of the barrier and allreduce (through messages; empty: none).
+    #[arg(long, value_delimiter = ',', value_parser = size, default_value = "4,8")]
+    coll_procs: Vec<usize>,
+    /// Calls per collective, process count and round.
+    #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(10..))]
+    coll_iters: u64,
 }
 
 fn peer_arg(s: &str) -> Result<measure::peers::Peer, String> {
@@ -245,6 +256,7 @@ fn peer_arg(s: &str) -> Result<measure::peers::Peer, String> {
             Ok(measure::peers::Peer {
                 name: name.trim().to_string(),
                 command: command.trim().to_string(),
+                coll: None,
             })
         }
         _ => Err(format!("expected NAME=COMMAND, got {s:?}")),
@@ -260,22 +272,47 @@ fn peers(a: &PeersArgs, json: bool) -> Result<()> {
         }
         names.push(&peer.name);
     }
+    let mut peers = a.peers.clone();
+    for c in &a.peer_coll {
+        let Some(peer) = peers.iter_mut().find(|p| p.name == c.name) else {
+            anyhow::bail!("--peer-coll {}: no --peer of that name", c.name);
+        };
+        if !c.command.contains("{n}") {
+            anyhow::bail!(
+                "--peer-coll {}: the command has no {{n}} for the process count",
+                c.name
+            );
+        }
+        peer.coll = Some(c.command.clone());
+    }
+    let coll_procs = if peers.iter().any(|p| p.coll.is_some()) {
+        a.coll_procs.clone()
+    } else {
+        Vec::new()
+    };
+    if coll_procs.iter().any(|&n| n < 2) {
+        anyhow::bail!("--coll-procs: collectives need at least 2 processes");
+    }
     let plan = p::Plan {
         sizes: vec![
             (Test::Latency, a.lat_sizes.clone()),
             (Test::Bandwidth, a.bw_sizes.clone()),
             (Test::Rate, a.rate_sizes.clone()),
+            (Test::Barrier, coll_procs.clone()),
+            (Test::Allreduce, coll_procs),
         ],
         lat_iters: a.lat_iters,
         window: a.window,
         rate_iters: a.rate_iters,
+        coll_iters: a.coll_iters,
+        cpus: measure::allowed_cpus(),
     };
     let mut pair = Pair::start_over(!a.no_pin, a.transport)?;
     let mut rounds = Vec::new();
     let mut probe = Vec::new();
     for r in 0..a.rounds {
         progress(&format!("peers: round {}/{}", r + 1, a.rounds));
-        rounds.push(p::round(&mut pair, &a.peers, &plan, &mut probe)?);
+        rounds.push(p::round(&mut pair, &peers, &plan, &mut probe)?);
     }
     progress_done();
     let pinned = pinning(&pair);
@@ -297,6 +334,10 @@ fn peers(a: &PeersArgs, json: bool) -> Result<()> {
         println!(
             "# latency: p50 one way, lower is better; bw (osu_bw, one receive buffer) and msgrate: higher is better"
         );
+        println!(
+            "# barrier, allreduce (8 B): ns per call through messages, size = processes on these cpus, lower is better;"
+        );
+        println!("#   node: nemesis's through the node's shared blocks instead, for reference");
         println!("# ratio: nemesis / peer");
         print!("# {:>7} {:>9} {:>7} {:>12}", "test", "size", "unit", "nemesis");
         for n in &names {
@@ -307,10 +348,13 @@ fn peers(a: &PeersArgs, json: bool) -> Result<()> {
     for (test, sizes) in &plan.sizes {
         for &size in sizes {
             let ours = med[&(*test, size, p::NEMESIS.to_string())];
+            let node = med.get(&(*test, size, p::NEMESIS_NODE.to_string()));
             if json {
                 for n in &names {
-                    let theirs = med[&(*test, size, n.to_string())];
-                    Json::new("peers")
+                    let Some(&theirs) = med.get(&(*test, size, n.to_string())) else {
+                        continue;
+                    };
+                    let row = Json::new("peers")
                         .s("test", test.name())
                         .s("transport", a.transport.name())
                         .u("size", size as u64)
@@ -322,14 +366,23 @@ fn peers(a: &PeersArgs, json: bool) -> Result<()> {
                         .f("probe_ns", probe_ns)
                         .s("placement", placement(probe_ns))
                         .u("rounds", a.rounds as u64)
-                        .s("cpu", &cpu)
-                        .print();
+                        .s("cpu", &cpu);
+                    let row = match node {
+                        Some(&v) => row.f("nemesis_node_ns", v),
+                        None => row,
+                    };
+                    row.print();
                 }
             } else {
                 print!("{:>9} {:>9} {:>7} {:>12.1}", test.name(), size, test.unit(), ours);
                 for n in &names {
-                    let theirs = med[&(*test, size, n.to_string())];
-                    print!(" {theirs:>12.1} {:>7.2}", ours / theirs);
+                    match med.get(&(*test, size, n.to_string())) {
+                        Some(&theirs) => print!(" {theirs:>12.1} {:>7.2}", ours / theirs),
+                        None => print!(" {:>12} {:>7}", "-", "-"),
+                    }
+                }
+                if let Some(v) = node {
+                    print!("  node {v:.1}");
                 }
                 println!();
             }

@@ -19,7 +19,7 @@ mod stats;
 pub use clock::Clock;
 pub use coll::{COLL_ROWS, CollRound, collectives};
 pub use netmem::{UDP_MEMORY_SIZES, UdpMemory, udp_memory};
-pub use pin::{allowed_cpus, pair_cpus, pin_to};
+pub use pin::{allowed_cpus, pair_cpus, pin_to, set_cpus};
 pub use requests::{Api, RequestsRow, requests};
 pub use ring::Ring;
 pub use stats::Summary;

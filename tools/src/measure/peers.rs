@@ -15,6 +15,11 @@ pub enum Test {
     Bandwidth,
     /// Small messages streamed, messages a second (higher is better).
     Rate,
+    /// Barrier among a number of processes, through messages; ns per call (lower is
+    /// better). Its "size" is the number of processes.
+    Barrier,
+    /// Allreduce of one `f64` summed, likewise.
+    Allreduce,
 }
 
 impl Test {
@@ -24,7 +29,14 @@ impl Test {
             Test::Latency => "latency",
             Test::Bandwidth => "bw",
             Test::Rate => "msgrate",
+            Test::Barrier => "barrier",
+            Test::Allreduce => "allreduce",
         }
+    }
+
+    /// Whether its "size" is a number of processes.
+    pub fn is_collective(self) -> bool {
+        matches!(self, Test::Barrier | Test::Allreduce)
     }
 
     /// The unit of its figures.
@@ -33,6 +45,7 @@ impl Test {
             Test::Latency => "ns",
             Test::Bandwidth => "MB/s",
             Test::Rate => "msgs/s",
+            Test::Barrier | Test::Allreduce => "ns",
         }
     }
 
@@ -42,6 +55,7 @@ impl Test {
             Test::Latency => ("lat", "p50_ns"),
             Test::Bandwidth => ("bw", "mb_s"),
             Test::Rate => ("rate", "msgs_per_s"),
+            Test::Barrier | Test::Allreduce => ("coll", "ns"),
         }
     }
 }
@@ -53,6 +67,9 @@ pub struct Peer {
     pub name: String,
     /// A shell command line; the mode and its arguments are appended.
     pub command: String,
+    /// For the collectives: a command line with `{n}` where the number of processes
+    /// goes (and no binding to cores, since they outnumber them), if the peer runs them.
+    pub coll: Option<String>,
 }
 
 /// How much each measurement does.
@@ -66,6 +83,11 @@ pub struct Plan {
     pub window: u64,
     /// Timed windows of the message rate; bandwidth takes fewer for large sizes.
     pub rate_iters: u64,
+    /// Calls per collective and process count.
+    pub coll_iters: u64,
+    /// The machine's CPUs, which the collectives' processes may all use (the pair pins
+    /// this process to one, and a job started from it would inherit that).
+    pub cpus: Vec<usize>,
 }
 
 /// Timed windows of a bandwidth round at `size`: about 256 MB, at least one window.
@@ -79,6 +101,10 @@ pub type Round = BTreeMap<(Test, usize, String), f64>;
 /// Name under which nemesis's own figures are kept.
 pub const NEMESIS: &str = "nemesis";
 
+/// Name under which nemesis's collectives through the node's shared blocks are kept,
+/// beside its message-path figures (which are the ones compared).
+pub const NEMESIS_NODE: &str = "nemesis-node-blocks";
+
 /// Measures one round: for each test, nemesis and then every peer. `probe` gets the
 /// pair's placement probe (one-way ns) from the start of the round.
 pub fn round(pair: &mut Pair, peers: &[Peer], plan: &Plan, probe: &mut Vec<f64>) -> Result<Round> {
@@ -91,6 +117,13 @@ pub fn round(pair: &mut Pair, peers: &[Peer], plan: &Plan, probe: &mut Vec<f64>)
     );
     for (test, sizes) in &plan.sizes {
         if sizes.is_empty() {
+            continue;
+        }
+        if test.is_collective() {
+            // Both collectives in one job per process count, listed under the barrier.
+            if *test == Test::Barrier {
+                collectives(peers, plan, sizes, &mut out)?;
+            }
             continue;
         }
         for &size in sizes {
@@ -123,6 +156,7 @@ pub fn round(pair: &mut Pair, peers: &[Peer], plan: &Plan, probe: &mut Vec<f64>)
                     )?;
                     (plan.window * plan.rate_iters) as f64 / secs
                 }
+                Test::Barrier | Test::Allreduce => unreachable!("collectives are measured apart"),
             };
             out.insert((*test, size, NEMESIS.to_string()), v);
         }
@@ -138,6 +172,7 @@ pub fn round(pair: &mut Pair, peers: &[Peer], plan: &Plan, probe: &mut Vec<f64>)
                     .map(|&s| (vec![s], format!("{} {}", plan.window, bw_iters(s, plan.window))))
                     .collect(),
                 Test::Rate => vec![(sizes.clone(), format!("{} {}", plan.window, plan.rate_iters))],
+                Test::Barrier | Test::Allreduce => Vec::new(),
             };
             for (sizes, rest) in runs {
                 for (size, v) in run_peer(p, *test, &sizes, &rest)? {
@@ -147,6 +182,82 @@ pub fn round(pair: &mut Pair, peers: &[Peer], plan: &Plan, probe: &mut Vec<f64>)
         }
     }
     Ok(out)
+}
+
+/// Barrier and allreduce among each number of processes in `counts`: nemesis's through
+/// messages (and, apart, through the node's blocks), then every peer that runs them.
+fn collectives(peers: &[Peer], plan: &Plan, counts: &[usize], out: &mut Round) -> Result<()> {
+    let pinned = super::allowed_cpus();
+    super::set_cpus(&plan.cpus);
+    let r = collectives_unpinned(peers, plan, counts, out);
+    super::set_cpus(&pinned);
+    r
+}
+
+/// [`collectives`], this process and every process it starts free to use the machine's
+/// CPUs.
+fn collectives_unpinned(peers: &[Peer], plan: &Plan, counts: &[usize], out: &mut Round) -> Result<()> {
+    for &procs in counts {
+        let ns = super::collectives(procs as u32, plan.coll_iters, 1)?
+            .first()
+            .map_or([0.0; 4], |r| r.ns);
+        // COLL_ROWS: barrier node, barrier messages, allreduce node, allreduce messages.
+        out.insert((Test::Barrier, procs, NEMESIS.to_string()), ns[1]);
+        out.insert((Test::Allreduce, procs, NEMESIS.to_string()), ns[3]);
+        out.insert((Test::Barrier, procs, NEMESIS_NODE.to_string()), ns[0]);
+        out.insert((Test::Allreduce, procs, NEMESIS_NODE.to_string()), ns[2]);
+        for p in peers {
+            let Some(template) = &p.coll else { continue };
+            let line = format!(
+                "{} coll 0 {} {}",
+                template.replace("{n}", &procs.to_string()),
+                plan.coll_iters,
+                (plan.coll_iters / 10).max(1)
+            );
+            for (test, v) in run_coll(&p.name, &line)? {
+                out.insert((test, procs, p.name.clone()), v);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs a peer's collectives command line and reads back each collective's ns per call.
+fn run_coll(name: &str, line: &str) -> Result<Vec<(Test, f64)>> {
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg(line)
+        .output()
+        .map_err(|e| MeasureError::Other(format!("peer {name}: cannot run `{line}`: {e}")))?;
+    if !o.status.success() {
+        return Err(MeasureError::Other(format!(
+            "peer {name}: `{line}` failed ({}): {}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr).trim()
+        )));
+    }
+    let text = String::from_utf8_lossy(&o.stdout);
+    let got: Vec<(Test, f64)> = text
+        .lines()
+        .filter_map(|l| {
+            let test = if l.contains("\"collective\":\"barrier\"") {
+                Test::Barrier
+            } else if l.contains("\"collective\":\"allreduce\"") {
+                Test::Allreduce
+            } else {
+                return None;
+            };
+            Some((test, field(l, "ns")?))
+        })
+        .collect();
+    if got.len() != 2 {
+        return Err(MeasureError::Other(format!(
+            "peer {name}: `{line}` printed {} collectives, not 2: {}",
+            got.len(),
+            text.trim()
+        )));
+    }
+    Ok(got)
 }
 
 /// Runs `peer` in `test`'s mode over `sizes` and reads back its figures.

@@ -30,6 +30,19 @@ pub fn pin_to(cpu: usize) -> std::io::Result<()> {
     }
 }
 
+/// Lets the calling thread (and its future children) run on every CPU of `cpus`: gives
+/// back what a [`pin_to`] took, so that processes started next are not pinned with it.
+pub fn set_cpus(cpus: &[usize]) {
+    // SAFETY: an all-zero cpu_set_t is empty and valid.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus {
+        // SAFETY: CPU_SET writes one bit of `set`.
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    // SAFETY: `set` is a valid cpu_set_t of the size given.
+    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+}
+
 /// Two distinct CPUs for a pair of processes, when there are two.
 pub fn pair_cpus() -> Option<(usize, usize)> {
     match allowed_cpus()[..] {

@@ -4,7 +4,7 @@
 
 use super::{
     KIND_DATA, KIND_DONE, MeasureError, Pair, RING_VAR, ROLE_VAR, Result, allowed_cpus, data, end_job,
-    pin_to, start_job,
+    pin_to, set_cpus, start_job,
 };
 use crate::launch::Job;
 use nemesis::channel::{Channel, Header, NemesisChannel};
@@ -110,18 +110,6 @@ impl Ring {
 
 fn join(cpus: &[usize]) -> String {
     cpus.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
-}
-
-/// Gives this process the CPUs `cpus` again.
-fn set_cpus(cpus: &[usize]) {
-    // SAFETY: an all-zero cpu_set_t is empty and valid.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    for &c in cpus {
-        // SAFETY: CPU_SET writes one bit of `set`.
-        unsafe { libc::CPU_SET(c, &mut set) };
-    }
-    // SAFETY: `set` is a valid cpu_set_t of the size given.
-    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
 }
 
 /// The role of every rank but 0.
