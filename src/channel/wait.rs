@@ -36,10 +36,13 @@ impl WaitPolicy {
         let oversubscribed = local > cpus.max(1);
         // Measured with `nemesis-bench ring`: 8 processes on 2 CPUs pass a token in about
         // 7 us a hop when waiters yield before sleeping, and about 22 us when they go to
-        // sleep at once, since a wake-up across CPUs costs about 20 us on a VM.
+        // sleep at once, since a wake-up across CPUs costs about 20 us on a VM. Spinning
+        // first does not pay: with 16 checks before the first yield, barrier and allreduce
+        // among 8 processes through messages took 12-15% longer than with none, and the
+        // ring no less (BENCHMARKS.md).
         let mut p = if oversubscribed {
             Self {
-                spin: 16,
+                spin: 0,
                 yields: 1000,
                 slice: Duration::from_secs(1),
             }
