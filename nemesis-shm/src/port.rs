@@ -223,7 +223,7 @@ impl<R: Region, V: Variant> Port<R, V> {
         if unsafe { self.try_fbox_unchecked(dest, env, payload, len) } {
             return Ok(());
         }
-        self.send_cell(dest, env, payload, len)
+        self.try_send_cell(dest, env, payload, len)
     }
 
     /// Sends through the fastbox to `dest` if the message fits and the box is free;
@@ -271,13 +271,14 @@ impl<R: Region, V: Variant> Port<R, V> {
         false
     }
 
-    /// [`Port::try_send`] without a look at the fastbox, for a caller that has just found
-    /// it busy ([`Port::try_fbox_unchecked`]): a second look would only fetch the line
-    /// the receiver acknowledges on once more.
+    /// The queue path of [`Port::try_send`]: a cell from our pool onto the receiver's
+    /// queue. Kept out of line so the fastbox path stays small. Public for a caller that
+    /// has just found the fastbox busy ([`Port::try_fbox_unchecked`]): a second look would
+    /// only fetch the line the receiver acknowledges on once more.
     ///
     /// # Panics
     /// As for [`Port::try_send`].
-    #[inline]
+    #[inline(never)]
     pub fn try_send_cell(
         &mut self,
         dest: u32,
@@ -285,13 +286,6 @@ impl<R: Region, V: Variant> Port<R, V> {
         payload: &[&[u8]],
         len: usize,
     ) -> Result<(), Full> {
-        self.send_cell(dest, env, payload, len)
-    }
-
-    /// The queue path of [`Port::try_send`]: a cell from our pool onto the receiver's
-    /// queue. Kept out of line so the fastbox path stays small.
-    #[inline(never)]
-    fn send_cell(&mut self, dest: u32, env: &Envelope, payload: &[&[u8]], len: usize) -> Result<(), Full> {
         let b = &mut self.book;
         let region = &*self.region;
         if dest == b.me || dest >= b.n {
