@@ -107,7 +107,7 @@ if command -v mpicc.openmpi >/dev/null && command -v mpiexec.openmpi >/dev/null;
     # when idle under --oversubscribe. (MPICH's ranks busy-poll there, a barrier taking
     # milliseconds, so they are not asked.)
     peers+=(--peer-coll "openmpi$suffix=mpiexec.openmpi --allow-run-as-root --oversubscribe --bind-to none \
--n {n} --mca pml ob1 --mca btl $btl $PWD/$out/osu_peer.openmpi$suffix")
+-n {procs} --mca pml ob1 --mca btl $btl $PWD/$out/osu_peer.openmpi$suffix")
 fi
 if [ -x "$ch3/bin/mpicc" ]; then
     if [ "$tcp" = 1 ]; then

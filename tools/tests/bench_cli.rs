@@ -283,3 +283,87 @@ fn requests_json_carries_both_ways_of_waiting() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--counts"));
 }
+
+/// `peers` against a stand-in peer with fixed figures: every test comes back with the
+/// peer's figure and the ratio to nemesis's, the collectives included; and a peer that
+/// fails or a bad spec is a clear error.
+#[test]
+fn peers_compare_with_a_stand_in() {
+    let fake = format!("sh {}/tests/data/fake_peer.sh", env!("CARGO_MANIFEST_DIR"));
+    let peer = format!("fake={fake}");
+    let coll = format!("fake={fake} --procs {{procs}}");
+    let rows = json_lines(&[
+        "--json",
+        "peers",
+        "--peer",
+        &peer,
+        "--peer-coll",
+        &coll,
+        "--lat-sizes",
+        "8",
+        "--bw-sizes",
+        "4K",
+        "--rate-sizes",
+        "8",
+        "--coll-procs",
+        "2",
+        "--rounds",
+        "1",
+        "--lat-iters",
+        "100",
+        "--rate-iters",
+        "20",
+        "--coll-iters",
+        "20",
+    ]);
+    let tests: Vec<&str> = ["latency", "bw", "msgrate", "barrier", "allreduce"].to_vec();
+    assert_eq!(rows.len(), tests.len(), "{rows:?}");
+    for (row, test) in rows.iter().zip(tests) {
+        assert!(row.contains(&format!("\"test\":\"{test}\"")), "{row}");
+        has(
+            row,
+            &["nemesis", "peer_value", "ratio", "probe_ns", "placement", "cpu"],
+        );
+        let want = match test {
+            "latency" => "100.000",
+            "bw" => "1000.000",
+            "msgrate" => "1000000.000",
+            "barrier" => "1000.000",
+            _ => "2000.000",
+        };
+        assert!(row.contains(&format!("\"peer_value\":{want}")), "{row}");
+    }
+    assert!(rows[3].contains("nemesis_node_ns"), "{}", rows[3]);
+    for (args, want) in [
+        (vec!["peers", "--peer", "broken=false"], "failed"),
+        (vec!["peers", "--peer", "nameonly"], "NAME=COMMAND"),
+        (
+            vec!["peers", "--peer", &peer, "--peer-coll", "other=x {procs}"],
+            "no --peer of that name",
+        ),
+        (
+            vec!["peers", "--peer", &peer, "--peer-coll", "fake=no count"],
+            "no {procs}",
+        ),
+    ] {
+        let o = Command::new(BENCH)
+            .args(&args)
+            .args([
+                "--rounds",
+                "1",
+                "--lat-sizes",
+                "8",
+                "--bw-sizes",
+                "none",
+                "--rate-sizes",
+                "",
+                "--lat-iters",
+                "100",
+            ])
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}

@@ -206,15 +206,15 @@ struct PeersArgs {
     /// ./osu_peer"). The mode and its arguments are appended. Give it once per peer.
     #[arg(long = "peer", value_parser = peer_arg, required = true)]
     peers: Vec<measure::peers::Peer>,
-    /// Latency sizes (empty: none).
-    #[arg(long, value_delimiter = ',', value_parser = size, default_value = "8,64,1K,4K,16K,64K")]
-    lat_sizes: Vec<usize>,
-    /// Bandwidth sizes (empty: none).
-    #[arg(long, value_delimiter = ',', value_parser = size, default_value = "4K,64K,1M,4M,16M")]
-    bw_sizes: Vec<usize>,
-    /// Message rate sizes (empty: none).
-    #[arg(long, value_delimiter = ',', value_parser = size, default_value = "8,64")]
-    rate_sizes: Vec<usize>,
+    /// Latency sizes, or "none".
+    #[arg(long, value_parser = size_list, default_value = "8,64,1K,4K,16K,64K")]
+    lat_sizes: SizeList,
+    /// Bandwidth sizes, or "none".
+    #[arg(long, value_parser = size_list, default_value = "4K,64K,1M,4M,16M")]
+    bw_sizes: SizeList,
+    /// Message rate sizes, or "none".
+    #[arg(long, value_parser = size_list, default_value = "8,64")]
+    rate_sizes: SizeList,
     /// Round trips per latency size and round.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(10..))]
     lat_iters: u64,
@@ -235,13 +235,13 @@ struct PeersArgs {
     #[arg(long, value_parser = transport, default_value = "shm")]
     transport: Transport,
     /// The collectives of a peer given by --peer: NAME=COMMAND, where COMMAND starts
-    /// `{n}` ranks of osu_peer (unbound: they outnumber the CPUs), for example
-    /// "openmpi=mpiexec.openmpi --oversubscribe --bind-to none -n {n} ./osu_peer".
+    /// `{procs}` ranks of osu_peer (unbound: they outnumber the CPUs), for example
+    /// "openmpi=mpiexec.openmpi --oversubscribe --bind-to none -n {procs} ./osu_peer".
     #[arg(long = "peer-coll", value_parser = peer_arg)]
     peer_coll: Vec<measure::peers::Peer>,
-    /// Process counts of the barrier and allreduce (through messages; empty: none).
-    #[arg(long, value_delimiter = ',', value_parser = size, default_value = "4,8")]
-    coll_procs: Vec<usize>,
+    /// Process counts of the barrier and allreduce (through messages), or "none".
+    #[arg(long, value_parser = size_list, default_value = "4,8")]
+    coll_procs: SizeList,
     /// Calls per collective, process count and round.
     #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(10..))]
     coll_iters: u64,
@@ -277,16 +277,16 @@ fn peers(a: &PeersArgs, json: bool) -> Result<()> {
         let Some(peer) = peers.iter_mut().find(|p| p.name == c.name) else {
             anyhow::bail!("--peer-coll {}: no --peer of that name", c.name);
         };
-        if !c.command.contains("{n}") {
+        if !c.command.contains("{procs}") {
             anyhow::bail!(
-                "--peer-coll {}: the command has no {{n}} for the process count",
+                "--peer-coll {}: the command has no {{procs}} for the process count",
                 c.name
             );
         }
         peer.coll = Some(c.command.clone());
     }
     let coll_procs = if peers.iter().any(|p| p.coll.is_some()) {
-        a.coll_procs.clone()
+        a.coll_procs.0.clone()
     } else {
         Vec::new()
     };
@@ -295,9 +295,9 @@ fn peers(a: &PeersArgs, json: bool) -> Result<()> {
     }
     let plan = p::Plan {
         sizes: vec![
-            (Test::Latency, a.lat_sizes.clone()),
-            (Test::Bandwidth, a.bw_sizes.clone()),
-            (Test::Rate, a.rate_sizes.clone()),
+            (Test::Latency, a.lat_sizes.0.clone()),
+            (Test::Bandwidth, a.bw_sizes.0.clone()),
+            (Test::Rate, a.rate_sizes.0.clone()),
             (Test::Barrier, coll_procs.clone()),
             (Test::Allreduce, coll_procs),
         ],
@@ -799,6 +799,17 @@ fn finish(pairs: Vec<Pair>) -> Result<()> {
         p.finish()?;
     }
     Ok(())
+}
+
+/// A comma-separated list of sizes that may be empty ("none" or "").
+#[derive(Debug, Clone)]
+struct SizeList(Vec<usize>);
+
+fn size_list(s: &str) -> Result<SizeList, String> {
+    match s.trim() {
+        "" | "none" => Ok(SizeList(Vec::new())),
+        list => list.split(',').map(size).collect::<Result<_, _>>().map(SizeList),
+    }
 }
 
 fn size(s: &str) -> Result<usize, String> {

@@ -67,7 +67,7 @@ pub struct Peer {
     pub name: String,
     /// A shell command line; the mode and its arguments are appended.
     pub command: String,
-    /// For the collectives: a command line with `{n}` where the number of processes
+    /// For the collectives: a command line with `{procs}` where the number of processes
     /// goes (and no binding to cores, since they outnumber them), if the peer runs them.
     pub coll: Option<String>,
 }
@@ -210,7 +210,7 @@ fn collectives_unpinned(peers: &[Peer], plan: &Plan, counts: &[usize], out: &mut
             let Some(template) = &p.coll else { continue };
             let line = format!(
                 "{} coll 0 {} {}",
-                template.replace("{n}", &procs.to_string()),
+                template.replace("{procs}", &procs.to_string()),
                 plan.coll_iters,
                 (plan.coll_iters / 10).max(1)
             );
