@@ -20,7 +20,7 @@ pub(crate) fn job_with<T: Send + 'static>(
     tweak: impl Fn(&mut Config) + Send + Sync + 'static,
     f: impl Fn(World) -> T + Send + Sync + 'static,
 ) -> Vec<T> {
-    job_full(n, geo, None, tweak, f)
+    job_full(n, geo, None, None, tweak, f)
 }
 
 /// As [`job`], with every large message moved by strategy `force`.
@@ -29,13 +29,23 @@ pub(crate) fn job_forced<T: Send + 'static>(
     force: Strategy,
     f: impl Fn(World) -> T + Send + Sync + 'static,
 ) -> Vec<T> {
-    job_full(n, Geometry::default(), Some(force), |_| {}, f)
+    job_full(n, Geometry::default(), Some(force), None, |_| {}, f)
+}
+
+/// As [`job`], with copy rings of the shape `ring`.
+pub(crate) fn job_ring<T: Send + 'static>(
+    n: u32,
+    ring: nemesis_shm::ring::RingGeometry,
+    f: impl Fn(World) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    job_full(n, Geometry::default(), None, Some(ring), |_| {}, f)
 }
 
 pub(crate) fn job_full<T: Send + 'static>(
     n: u32,
     geo: Geometry,
     force: Option<Strategy>,
+    ring: Option<nemesis_shm::ring::RingGeometry>,
     tweak: impl Fn(&mut Config) + Send + Sync + 'static,
     f: impl Fn(World) -> T + Send + Sync + 'static,
 ) -> Vec<T> {
@@ -53,11 +63,13 @@ pub(crate) fn job_full<T: Send + 'static>(
                     slice: Duration::from_millis(20),
                 };
                 let mut ch = ShmChannel::from_segment(seg, r, n, &ranks, r, policy).unwrap();
-                if force.is_some() {
+                if force.is_some() || ring.is_some() {
                     let lmt = ch.local_lmt();
+                    let old = lmt.policy();
                     let p = nemesis_lmt::Policy {
                         force,
-                        ..lmt.policy()
+                        ring: ring.unwrap_or(old.ring),
+                        ..old
                     };
                     lmt.set_policy(p).unwrap();
                 }

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::channel::{Channel, NemesisChannel, ShmChannel, WaitPolicy};
-use crate::testkit::{job, job_forced, job_with, pattern};
+use crate::testkit::{job, job_forced, job_ring, job_with, pattern};
 use nemesis_lmt::{LmtError, Strategy};
 use nemesis_shm::{Geometry, Segment};
 use std::sync::Arc;
@@ -724,7 +724,13 @@ fn communicators_claim_node_blocks_and_give_them_back() {
 #[test]
 fn a_large_isend_moves_on_while_the_sender_computes_between_tests() {
     const LEN: usize = 4 << 20;
-    let calls = job(2, |mut w| {
+    // A 1 MiB ring, as this was written for: each test fills what the receiver drained,
+    // and the bound below leaves room for a receiver that other tests' threads delay.
+    let ring = nemesis_shm::ring::RingGeometry {
+        slots: 8,
+        slot_size: 128 << 10,
+    };
+    let calls = job_ring(2, ring, |mut w| {
         let c = w.comm();
         if w.rank() == 1 {
             let mut b = vec![0u8; LEN];
