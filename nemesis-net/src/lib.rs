@@ -13,8 +13,11 @@
 //!   per peer with cumulative, coalesced ACKs, NACKs on gaps and retransmission from a
 //!   monotonic clock, all driven by polling: no thread.
 //!
-//! The reliability layer is generic over [`reliable::Datagram`], so a verbs UD module can
-//! reuse it; [`sim`] is a seeded, lossy, reordering, duplicating network for its tests.
+//! The reliability layer is generic over its transport ([`reliable::Datagram`]), and so is
+//! the netmod made of it ([`dgram::DgramNetmod`], over a [`dgram::Endpoint`]): `udp` is one
+//! instance, a verbs UD module another. A transport lends each received datagram in place
+//! rather than copying it out. [`sim`] is a seeded, lossy, reordering, duplicating network
+//! for the layer's tests.
 //!
 //! Everything that arrives from the wire is untrusted: frames and datagrams are decoded
 //! and checked before use, and whatever fails a check is dropped or refused with a
@@ -26,6 +29,7 @@
 pub mod addr;
 pub mod auth;
 pub mod config;
+pub mod dgram;
 mod drops;
 pub mod gate;
 pub mod reliable;

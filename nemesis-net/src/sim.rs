@@ -317,15 +317,16 @@ impl Datagram for SimSocket {
         Ok(true)
     }
 
-    fn recv_from(&mut self, buf: &mut [u8]) -> io::Result<Option<(usize, u32)>> {
+    /// The datagram as the network carried it, whole.
+    type Rx = Vec<u8>;
+
+    fn recv(&mut self) -> io::Result<Option<(Vec<u8>, u32)>> {
         let mut n = self.net.lock();
         n.deliver_due();
-        let Some((from, data)) = n.mailboxes.get_mut(&self.addr).and_then(VecDeque::pop_front) else {
-            return Ok(None);
-        };
-        let k = data.len().min(buf.len());
-        buf[..k].copy_from_slice(&data[..k]);
-        Ok(Some((k, from)))
+        Ok(n.mailboxes
+            .get_mut(&self.addr)
+            .and_then(VecDeque::pop_front)
+            .map(|(from, data)| (data, from)))
     }
 
     fn now(&self) -> u64 {
@@ -339,9 +340,8 @@ mod tests {
 
     fn drain(s: &mut SimSocket) -> Vec<(u32, Vec<u8>)> {
         let mut out = Vec::new();
-        let mut buf = [0u8; 64];
-        while let Some((n, from)) = s.recv_from(&mut buf).unwrap() {
-            out.push((from, buf[..n].to_vec()));
+        while let Some((data, from)) = s.recv().unwrap() {
+            out.push((from, data));
         }
         out
     }
@@ -368,11 +368,10 @@ mod tests {
         assert_eq!(net.next_arrival(), None);
         net.advance_to(5);
         assert_eq!(net.now(), 10_000, "the clock never goes back");
-        // Cut to the buffer, as UDP does.
+        // Handed up whole.
         a.send_to(&[&[7; 16]], 2).unwrap();
         net.advance_to(20_000);
-        let mut small = [0u8; 4];
-        assert_eq!(b.recv_from(&mut small).unwrap(), Some((4, 1)));
+        assert_eq!(b.recv().unwrap(), Some((vec![7; 16], 1)));
         let s = net.stats();
         assert_eq!((s.sent, s.delivered, s.lost), (3, 3, 0));
     }
@@ -433,7 +432,6 @@ mod tests {
         assert_eq!((s.sent, s.lost, s.delivered), (4, 5, 1));
         // Injection reaches a live socket at once, whatever its size.
         net.inject(9, 1, &[0; 40]);
-        let mut buf = [0u8; 64];
-        assert_eq!(a.recv_from(&mut buf).unwrap(), Some((40, 9)));
+        assert_eq!(a.recv().unwrap(), Some((vec![0; 40], 9)));
     }
 }

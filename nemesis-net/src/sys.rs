@@ -69,3 +69,69 @@ impl AsFd for Epoll {
 pub fn millis(t: Duration) -> libc::c_int {
     libc::c_int::try_from(t.as_micros().div_ceil(1000)).unwrap_or(libc::c_int::MAX)
 }
+
+/// A socket address in the form the kernel takes, with its length.
+pub(crate) struct RawAddr {
+    storage: libc::sockaddr_storage,
+    len: libc::socklen_t,
+}
+
+impl RawAddr {
+    pub(crate) fn new(addr: std::net::SocketAddr) -> Self {
+        use std::net::SocketAddr;
+        // SAFETY: sockaddr_storage is plain data, valid when all zero.
+        let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let len = match addr {
+            SocketAddr::V4(a) => {
+                let sin = libc::sockaddr_in {
+                    sin_family: libc::AF_INET as libc::sa_family_t,
+                    sin_port: a.port().to_be(),
+                    sin_addr: libc::in_addr {
+                        s_addr: u32::from_ne_bytes(a.ip().octets()),
+                    },
+                    sin_zero: [0; 8],
+                };
+                // SAFETY: sockaddr_storage is large and aligned enough for any sockaddr,
+                // and `storage` is a live local.
+                unsafe {
+                    std::ptr::from_mut(&mut storage)
+                        .cast::<libc::sockaddr_in>()
+                        .write(sin)
+                };
+                size_of::<libc::sockaddr_in>()
+            }
+            SocketAddr::V6(a) => {
+                let sin6 = libc::sockaddr_in6 {
+                    sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                    sin6_port: a.port().to_be(),
+                    sin6_flowinfo: a.flowinfo(),
+                    sin6_addr: libc::in6_addr {
+                        s6_addr: a.ip().octets(),
+                    },
+                    sin6_scope_id: a.scope_id(),
+                };
+                // SAFETY: as above, for a sockaddr_in6.
+                unsafe {
+                    std::ptr::from_mut(&mut storage)
+                        .cast::<libc::sockaddr_in6>()
+                        .write(sin6)
+                };
+                size_of::<libc::sockaddr_in6>()
+            }
+        };
+        Self {
+            storage,
+            len: len as libc::socklen_t,
+        }
+    }
+
+    /// The address, for calls that take a `const sockaddr *`.
+    pub(crate) fn as_ptr(&self) -> *const libc::sockaddr {
+        std::ptr::from_ref(&self.storage).cast()
+    }
+
+    /// Its length, for the same calls.
+    pub(crate) fn len(&self) -> libc::socklen_t {
+        self.len
+    }
+}

@@ -17,13 +17,14 @@
 
 use crate::addr;
 use crate::config;
+use crate::dgram::{DgramNetmod, Endpoint};
 use crate::reliable::{Datagram, Reliable, ReliableConfig};
-use crate::sys::Epoll;
-use crate::{Accept, Cards, Envelope, Identity, NetError, NetStats, Netmod};
+use crate::sys::RawAddr;
+use crate::{Cards, Identity, NetError};
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::os::fd::AsRawFd;
-use std::time::{Duration, Instant};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::time::Instant;
 
 /// Overrides the MTU that datagrams are sized for.
 pub const MTU_VAR: &str = "NEMESIS_UDP_MTU";
@@ -86,12 +87,28 @@ impl UdpConfig {
     }
 }
 
-/// The UDP socket as a [`Datagram`] transport.
+/// The UDP socket as a [`Datagram`] endpoint.
 #[derive(Debug)]
-struct UdpDatagram {
+pub struct UdpDatagram {
     sock: UdpSocket,
     max: usize,
     epoch: Instant,
+    card: Vec<u8>,
+    /// The receive buffer while no datagram holds it.
+    spare: Option<Vec<u8>>,
+}
+
+/// A datagram received into the endpoint's buffer.
+#[derive(Debug)]
+pub struct UdpRx {
+    buf: Vec<u8>,
+    len: usize,
+}
+
+impl AsRef<[u8]> for UdpRx {
+    fn as_ref(&self) -> &[u8] {
+        self.buf.get(..self.len).unwrap_or(&self.buf)
+    }
 }
 
 impl UdpDatagram {
@@ -110,35 +127,15 @@ impl UdpDatagram {
             v.iov_base = p.as_ptr().cast_mut().cast();
             v.iov_len = p.len();
         }
-        // SAFETY: sockaddr_storage is plain data, valid when all zero.
-        let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-        let len = match to {
-            SocketAddr::V4(a) => {
-                // SAFETY: sockaddr_storage is large and aligned enough for any sockaddr.
-                let sin = unsafe { &mut *std::ptr::from_mut(&mut ss).cast::<libc::sockaddr_in>() };
-                sin.sin_family = libc::AF_INET as libc::sa_family_t;
-                sin.sin_port = a.port().to_be();
-                sin.sin_addr.s_addr = u32::from_ne_bytes(a.ip().octets());
-                std::mem::size_of::<libc::sockaddr_in>()
-            }
-            SocketAddr::V6(a) => {
-                // SAFETY: sockaddr_storage is large and aligned enough for any sockaddr.
-                let sin6 = unsafe { &mut *std::ptr::from_mut(&mut ss).cast::<libc::sockaddr_in6>() };
-                sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-                sin6.sin6_port = a.port().to_be();
-                sin6.sin6_flowinfo = a.flowinfo();
-                sin6.sin6_addr.s6_addr = a.ip().octets();
-                sin6.sin6_scope_id = a.scope_id();
-                std::mem::size_of::<libc::sockaddr_in6>()
-            }
-        };
+        let addr = RawAddr::new(to);
         // SAFETY: msghdr is plain data, valid when all zero.
         let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_name = std::ptr::from_mut(&mut ss).cast();
-        msg.msg_namelen = len as libc::socklen_t;
+        // sendmsg only reads the name; the cast to *mut is what msghdr wants.
+        msg.msg_name = addr.as_ptr().cast_mut().cast();
+        msg.msg_namelen = addr.len();
         msg.msg_iov = iov.as_mut_ptr();
         msg.msg_iovlen = parts.len() as _;
-        // SAFETY: `msg` points at `ss` and at `iov`, whose first parts.len() entries
+        // SAFETY: `msg` points at `addr` and at `iov`, whose first parts.len() entries
         // describe live slices; all outlive the call, and the kernel only reads them.
         let n = unsafe { libc::sendmsg(self.sock.as_raw_fd(), &msg, 0) };
         if n < 0 {
@@ -190,26 +187,52 @@ impl Datagram for UdpDatagram {
         }
     }
 
-    fn recv_from(&mut self, buf: &mut [u8]) -> io::Result<Option<(usize, SocketAddr)>> {
+    type Rx = UdpRx;
+
+    fn recv(&mut self) -> io::Result<Option<(UdpRx, SocketAddr)>> {
+        // One byte more than the largest datagram taken, so a longer one shows as such.
+        let want = self.max_receive() + 1;
+        let mut buf = self.spare.take().unwrap_or_default();
+        buf.resize(want, 0);
         loop {
-            match self.sock.recv_from(buf) {
-                Ok((n, from)) => return Ok(Some((n, from))),
+            match self.sock.recv_from(&mut buf) {
+                Ok((len, from)) => return Ok(Some((UdpRx { buf, len }, from))),
                 Err(e) => match e.kind() {
-                    io::ErrorKind::WouldBlock => return Ok(None),
+                    io::ErrorKind::WouldBlock => {
+                        self.spare = Some(buf);
+                        return Ok(None);
+                    }
                     // An earlier send's ICMP error, reported late: nothing to read.
                     io::ErrorKind::Interrupted
                     | io::ErrorKind::ConnectionRefused
                     | io::ErrorKind::ConnectionReset
                     | io::ErrorKind::HostUnreachable
                     | io::ErrorKind::NetworkUnreachable => continue,
-                    _ => return Err(e),
+                    _ => {
+                        self.spare = Some(buf);
+                        return Err(e);
+                    }
                 },
             }
         }
     }
 
+    fn release(&mut self, rx: UdpRx) {
+        self.spare = Some(rx.buf);
+    }
+
     fn now(&self) -> u64 {
         u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+impl Endpoint for UdpDatagram {
+    fn card(&self) -> Vec<u8> {
+        self.card.clone()
+    }
+
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.sock.as_fd()
     }
 }
 
@@ -230,19 +253,9 @@ fn ask_buffer(sock: &UdpSocket, opt: libc::c_int, bytes: usize) {
 }
 
 /// The `udp` netmod.
-#[derive(Debug)]
-pub struct UdpNetmod {
-    rel: Reliable<UdpDatagram>,
-    card: Vec<u8>,
-    shut: bool,
-    /// Watches the socket for a waiter that sleeps on more than this netmod: for input,
-    /// and for room while sends are blocked.
-    epoll: Epoll,
-    /// Whether `epoll` watches for room too.
-    watch_out: bool,
-}
+pub type UdpNetmod = DgramNetmod<UdpDatagram>;
 
-impl UdpNetmod {
+impl DgramNetmod<UdpDatagram> {
     /// Binds a socket at `id.addr` and makes the netmod; `cards` gives the peers'
     /// addresses, asked once per peer.
     ///
@@ -278,178 +291,32 @@ impl UdpNetmod {
             sock,
             max,
             epoch: Instant::now(),
+            card: addr::encode_card("udp", local),
+            spare: None,
         };
         let mut cards = cards;
         let resolve = Box::new(move |rank: u32| {
             let card = cards.card(rank)?;
             addr::decode_card("udp", rank, &card)
         });
-        let epoll = Epoll::new().map_err(|e| NetError::io("udp: epoll_create", e))?;
-        epoll
-            .ctl(libc::EPOLL_CTL_ADD, dg.sock.as_raw_fd(), libc::EPOLLIN as u32, 0)
-            .map_err(|e| NetError::io("udp: epoll_ctl", e))?;
         let rel = Reliable::new(dg, id.rank, id.size, id.job_key.clone(), cfg.reliable, resolve)?;
-        Ok(Self {
-            rel,
-            card: addr::encode_card("udp", local),
-            shut: false,
-            epoll,
-            watch_out: false,
-        })
-    }
-
-    /// The same netmod, logging no drops: for tests that misbehave on purpose.
-    pub fn quiet(mut self) -> Self {
-        self.rel = self.rel.quiet();
-        self
+        Self::over(rel)
     }
 
     /// The socket's address.
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.rel.datagram().sock.local_addr().ok()
-    }
-
-    /// The largest datagram this netmod sends.
-    pub fn max_datagram(&self) -> usize {
-        self.rel.datagram().max
-    }
-
-    /// Polls and waits, discarding what arrives, until `done` or `deadline`.
-    fn drive(&mut self, deadline: Instant, done: impl Fn(&Reliable<UdpDatagram>) -> bool) {
-        let mut discard = |_: u32, _: &Envelope, _: &[u8]| {};
-        while !done(&self.rel) {
-            let now = Instant::now();
-            if now >= deadline || self.rel.poll(&mut discard).is_err() {
-                return;
-            }
-            if done(&self.rel) {
-                return;
-            }
-            let left = deadline.saturating_duration_since(now);
-            if self.wait(left.min(Duration::from_millis(50))).is_err() {
-                return;
-            }
-        }
-    }
-}
-
-impl Netmod for UdpNetmod {
-    fn name(&self) -> &'static str {
-        "udp"
-    }
-
-    fn business_card(&self) -> Vec<u8> {
-        self.card.clone()
-    }
-
-    fn max_payload(&self) -> usize {
-        self.rel.max_payload()
-    }
-
-    fn send(&mut self, peer: u32, env: &Envelope, payload: &[&[u8]]) -> Result<Accept, NetError> {
-        self.rel.send(peer, env, payload)
-    }
-
-    fn poll(&mut self, sink: &mut dyn FnMut(u32, &Envelope, &[u8])) -> Result<usize, NetError> {
-        self.rel.poll(sink)
-    }
-
-    fn wait(&mut self, timeout: Duration) -> Result<bool, NetError> {
-        if self.rel.ready() {
-            return Ok(true);
-        }
-        let mut limit = timeout;
-        if let Some(d) = self.rel.next_deadline() {
-            let now = self.rel.datagram().now();
-            limit = limit.min(Duration::from_nanos(d.saturating_sub(now)));
-        }
-        // poll(2) counts milliseconds: round up, so a timer is not polled for early.
-        let ms = if limit.is_zero() {
-            0
-        } else {
-            libc::c_int::try_from(limit.as_nanos().div_ceil(1_000_000)).unwrap_or(libc::c_int::MAX)
-        };
-        let mut events = libc::POLLIN;
-        if self.rel.blocked() {
-            events |= libc::POLLOUT;
-        }
-        let mut pfd = libc::pollfd {
-            fd: self.rel.datagram().sock.as_raw_fd(),
-            events,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the live socket, and its count.
-        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if rc < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                return Ok(false);
-            }
-            return Err(NetError::io("udp: poll(2)", e));
-        }
-        Ok(rc > 0 || self.rel.ready())
-    }
-
-    fn wait_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
-        use std::os::fd::AsFd;
-        Some(self.epoll.as_fd())
-    }
-
-    fn wait_hint(&mut self) -> Result<crate::WaitHint, NetError> {
-        let blocked = self.rel.blocked();
-        if blocked != self.watch_out {
-            let events = libc::EPOLLIN as u32 | if blocked { libc::EPOLLOUT as u32 } else { 0 };
-            let fd = self.rel.datagram().sock.as_raw_fd();
-            self.epoll
-                .ctl(libc::EPOLL_CTL_MOD, fd, events, 0)
-                .map_err(|e| NetError::io("udp: epoll_ctl", e))?;
-            self.watch_out = blocked;
-        }
-        if self.wait(Duration::ZERO)? {
-            return Ok(crate::WaitHint::Now);
-        }
-        let next = self.rel.next_deadline().map(|d| {
-            let now = self.rel.datagram().now();
-            Instant::now() + Duration::from_nanos(d.saturating_sub(now))
-        });
-        Ok(crate::WaitHint::Later(next))
-    }
-
-    fn backlog(&self) -> usize {
-        self.rel.backlog()
-    }
-
-    fn writable(&self, peer: u32) -> bool {
-        self.rel.writable(peer)
-    }
-
-    fn check_peer(&self, peer: u32) -> Result<(), NetError> {
-        self.rel.check_peer(peer)
-    }
-
-    fn shutdown(&mut self, timeout: Duration) {
-        if self.shut {
-            return;
-        }
-        self.shut = true;
-        let deadline = Instant::now() + timeout;
-        self.drive(deadline, |r| r.backlog() == 0);
-        self.rel.begin_shutdown();
-        self.drive(deadline, Reliable::shutdown_done);
-    }
-
-    fn stats(&self) -> NetStats {
-        self.rel.stats()
+        self.endpoint().sock.local_addr().ok()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::DropReason;
     use crate::reliable::{FLAG_FIRST, FLAG_LAST, Header, Kind, MAX_HEADER_LEN, Start, encode_header};
+    use crate::{Accept, DropReason, Envelope, Netmod};
     use std::net::Ipv4Addr;
     use std::sync::{Arc, Mutex};
+    use std::time::Duration;
 
     const JOB: crate::auth::JobKey = crate::auth::JobKey::from_bytes([0xfe; crate::auth::KEY_LEN]);
 

@@ -1,7 +1,7 @@
 //! The socket calls the netmod makes: non-blocking connect and accept, `sendmsg` without
 //! SIGPIPE, and the options every established connection gets.
 
-use crate::sys::cvt;
+use crate::sys::{RawAddr, cvt};
 use std::io::{self, IoSlice};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -25,45 +25,9 @@ pub(super) fn connect_nonblocking(addr: SocketAddr) -> io::Result<TcpStream> {
     let fd = cvt(unsafe { libc::socket(family, flags, 0) })?;
     // SAFETY: `fd` was just made and nothing else owns it.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let rc = match addr {
-        SocketAddr::V4(a) => {
-            let sa = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(a.ip().octets()),
-                },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: `sa` is a live sockaddr_in and the length says so.
-            unsafe {
-                libc::connect(
-                    fd.as_raw_fd(),
-                    (&raw const sa).cast(),
-                    size_of::<libc::sockaddr_in>() as libc::socklen_t,
-                )
-            }
-        }
-        SocketAddr::V6(a) => {
-            let sa = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: a.port().to_be(),
-                sin6_flowinfo: a.flowinfo(),
-                sin6_addr: libc::in6_addr {
-                    s6_addr: a.ip().octets(),
-                },
-                sin6_scope_id: a.scope_id(),
-            };
-            // SAFETY: `sa` is a live sockaddr_in6 and the length says so.
-            unsafe {
-                libc::connect(
-                    fd.as_raw_fd(),
-                    (&raw const sa).cast(),
-                    size_of::<libc::sockaddr_in6>() as libc::socklen_t,
-                )
-            }
-        }
-    };
+    let sa = RawAddr::new(addr);
+    // SAFETY: `sa` is a live socket address and its length says how long.
+    let rc = unsafe { libc::connect(fd.as_raw_fd(), sa.as_ptr(), sa.len()) };
     if rc < 0 {
         let e = io::Error::last_os_error();
         // An interrupted connect goes on in the background, as one in progress does.
