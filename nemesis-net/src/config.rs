@@ -6,7 +6,8 @@
 use crate::NetError;
 use std::time::Duration;
 
-/// Which netmod reaches peers on other nodes: `tcp` (the default) or `udp`.
+/// Which netmod reaches peers on other nodes: `tcp` (the default), `udp`, or with the
+/// `verbs` feature `ud`.
 pub const NETMOD_VAR: &str = "NEMESIS_NETMOD";
 /// Seconds a peer may leave us without an answer (a connection that does not come up,
 /// or data and probes that stay unacknowledged) before it counts as failed.
@@ -15,7 +16,27 @@ pub const NET_TIMEOUT_VAR: &str = "NEMESIS_NET_TIMEOUT";
 pub const DEFAULT_NET_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The netmods this build offers, by their `NEMESIS_NETMOD` names.
-pub const NETMODS: [&str; 2] = ["tcp", "udp"];
+#[cfg(not(feature = "verbs"))]
+pub const NETMODS: &[&str] = &["tcp", "udp"];
+/// The netmods this build offers, by their `NEMESIS_NETMOD` names.
+#[cfg(feature = "verbs")]
+pub const NETMODS: &[&str] = &["tcp", "udp", "ud"];
+/// The verbs netmods, offered by builds with the `verbs` feature.
+pub const VERBS_NETMODS: &[&str] = &["ud"];
+
+/// Why `name` is no netmod of this build.
+pub fn unknown_netmod(name: &str) -> String {
+    let want = name.trim().to_ascii_lowercase();
+    if VERBS_NETMODS.contains(&want.as_str()) && !NETMODS.contains(&want.as_str()) {
+        format!(
+            "{want} is a verbs netmod, and this build has none: build nemesis with the `verbs` feature \
+             (expected one of: {})",
+            NETMODS.join(", ")
+        )
+    } else {
+        format!("expected one of: {}", NETMODS.join(", "))
+    }
+}
 
 /// The netmod `NEMESIS_NETMOD` asks for, read through `get`.
 ///
@@ -33,7 +54,7 @@ pub fn netmod(get: impl Fn(&str) -> Option<String>) -> Result<&'static str, NetE
                 .ok_or_else(|| NetError::Config {
                     var: NETMOD_VAR,
                     value: v.clone(),
-                    reason: format!("expected one of: {}", NETMODS.join(", ")),
+                    reason: unknown_netmod(&v),
                 })
         }
     }

@@ -37,6 +37,8 @@ pub mod sim;
 pub mod sys;
 pub mod tcp;
 pub mod udp;
+#[cfg(feature = "verbs")]
+pub mod verbs;
 
 pub use drops::{DropReason, Drops};
 pub use nemesis_lmt::rdma::Rdma;
@@ -113,6 +115,10 @@ pub enum NetError {
         /// What is wrong.
         reason: String,
     },
+    /// A verbs device could not be used.
+    #[cfg(feature = "verbs")]
+    #[error(transparent)]
+    Verbs(Box<verbs::VerbsError>),
     /// An operating-system error, with what was being done.
     #[error("{what}: {source}")]
     Io {
@@ -194,10 +200,16 @@ pub fn open(
             cards,
             udp::UdpConfig::from_lookup(get)?,
         )?)),
+        #[cfg(feature = "verbs")]
+        "ud" => Ok(Box::new(verbs::ud::UdNetmod::new(
+            id,
+            cards,
+            verbs::ud::UdConfig::from_lookup(get)?,
+        )?)),
         other => Err(NetError::Config {
             var: config::NETMOD_VAR,
             value: other.into(),
-            reason: format!("expected one of: {}", config::NETMODS.join(", ")),
+            reason: config::unknown_netmod(other),
         }),
     }
 }
@@ -211,6 +223,8 @@ pub fn check_config(get: &dyn Fn(&str) -> Option<String>) -> Result<(), NetError
     config::netmod(get)?;
     tcp::TcpConfig::from_lookup(get)?;
     udp::UdpConfig::from_lookup(get)?;
+    #[cfg(feature = "verbs")]
+    verbs::ud::UdConfig::from_lookup(get)?;
     addr::choose(get, true)?;
     Ok(())
 }

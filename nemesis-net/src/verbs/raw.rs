@@ -1,0 +1,867 @@
+//! Every raw verbs call of nemesis, each behind a small safe type: the device context, a
+//! protection domain, registered memory, a completion channel and queue, a shared receive
+//! queue, queue pairs and address handles.
+//!
+//! Ownership follows the order of destruction verbs requires: a child holds an `Arc` of
+//! its parent (a queue pair its protection domain and completion queue, a completion
+//! queue its channel, everything the context), so a parent is destroyed only after the
+//! last of its children. Memory a work request names must outlive the request: the types
+//! that post requests here take the memory's description, and their callers (the
+//! netmods) keep the memory and the queue pair in one struct, the queue pair first, so it
+//! is destroyed before the memory is freed.
+
+use super::VerbsError;
+use rdma_mummy_sys as ffi;
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{BorrowedFd, RawFd};
+use std::ptr::{self, NonNull};
+use std::sync::Arc;
+
+/// The error of the last call, as verbs reports it: through `errno`, or a returned code.
+fn errno() -> io::Error {
+    io::Error::last_os_error()
+}
+
+fn rc_error(rc: i32) -> io::Error {
+    if rc > 0 {
+        io::Error::from_raw_os_error(rc)
+    } else {
+        errno()
+    }
+}
+
+/// The names of the verbs devices of this machine.
+///
+/// # Errors
+/// [`VerbsError::Unavailable`] when the machine has no RDMA at all (a kernel without it,
+/// no libibverbs, no device), so a caller can skip.
+pub fn device_names() -> Result<Vec<String>, VerbsError> {
+    let mut n = 0;
+    // SAFETY: `n` is a live int the call writes the count into; the list it returns is
+    // freed below, after its names are copied out.
+    let list = unsafe { ffi::ibv_get_device_list(&mut n) };
+    if list.is_null() {
+        return Err(VerbsError::Unavailable(errno()));
+    }
+    let mut names = Vec::new();
+    for i in 0..usize::try_from(n).unwrap_or(0) {
+        // SAFETY: the list holds `n` valid device pointers.
+        let dev = unsafe { *list.add(i) };
+        // SAFETY: a listed device's name is a NUL-terminated string owned by the list.
+        let name = unsafe { CStr::from_ptr(ffi::ibv_get_device_name(dev)) };
+        names.push(name.to_string_lossy().into_owned());
+    }
+    // SAFETY: `list` came from ibv_get_device_list and is freed once.
+    unsafe { ffi::ibv_free_device_list(list) };
+    if names.is_empty() {
+        return Err(VerbsError::Unavailable(io::Error::new(
+            io::ErrorKind::NotFound,
+            "the RDMA subsystem lists no device",
+        )));
+    }
+    Ok(names)
+}
+
+/// An open device.
+#[derive(Debug)]
+pub struct Context {
+    ctx: NonNull<ffi::ibv_context>,
+    name: String,
+}
+
+// SAFETY: a verbs context may be used from any thread (libibverbs locks internally).
+unsafe impl Send for Context {}
+// SAFETY: as above; nothing here mutates through `&self` without the library's locks.
+unsafe impl Sync for Context {}
+
+/// What a port says of itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortInfo {
+    /// `IBV_PORT_ACTIVE` is 4.
+    pub state: u32,
+    /// The active MTU in bytes.
+    pub mtu: usize,
+    /// Entries in the GID table.
+    pub gids: u32,
+    /// `IBV_LINK_LAYER_ETHERNET` (2) for RoCE.
+    pub link_layer: u8,
+}
+
+/// What the device can do, as far as the netmods ask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Most work requests a queue pair may hold.
+    pub max_qp_wr: u32,
+    /// Most entries of a completion queue.
+    pub max_cqe: u32,
+    /// Most scatter-gather entries a send request may have.
+    pub max_sge: u32,
+    /// Whether the device does atomics at all (`atomic_cap` not `IBV_ATOMIC_NONE`).
+    pub atomics: bool,
+}
+
+impl Context {
+    /// Opens the device called `name`, or the first one when `None`.
+    ///
+    /// # Errors
+    /// No RDMA here, no such device, or a device that cannot be opened (permission).
+    pub fn open(name: Option<&str>) -> Result<Arc<Self>, VerbsError> {
+        let names = device_names()?;
+        let want = match name {
+            Some(n) => names
+                .iter()
+                .position(|d| d == n)
+                .ok_or_else(|| VerbsError::NoDevice {
+                    name: n.to_string(),
+                    have: names.join(", "),
+                })?,
+            None => 0,
+        };
+        let mut n = 0;
+        // SAFETY: as in device_names; the list is freed below.
+        let list = unsafe { ffi::ibv_get_device_list(&mut n) };
+        if list.is_null() {
+            return Err(VerbsError::Unavailable(errno()));
+        }
+        // SAFETY: `want` is below the count the list had a moment ago; a device that
+        // went away in between makes the list shorter, which the bound checks.
+        let dev = (want < usize::try_from(n).unwrap_or(0)).then(|| unsafe { *list.add(want) });
+        // SAFETY: a device from the live list; ibv_open_device does not keep the list.
+        let ctx = dev.map(|d| unsafe { ffi::ibv_open_device(d) });
+        let err = errno();
+        // SAFETY: freed once, after the device was opened.
+        unsafe { ffi::ibv_free_device_list(list) };
+        let dev_name = names[want].clone();
+        match ctx.and_then(NonNull::new) {
+            Some(ctx) => Ok(Arc::new(Self { ctx, name: dev_name })),
+            None => Err(VerbsError::Open {
+                device: dev_name,
+                source: err,
+            }),
+        }
+    }
+
+    /// The device's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// What the device can do.
+    ///
+    /// # Errors
+    /// The query failed.
+    pub fn device_info(&self) -> Result<DeviceInfo, VerbsError> {
+        // SAFETY: plain data, valid when all zero.
+        let mut a: ffi::ibv_device_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: a live context and a live attribute struct the call fills.
+        let rc = unsafe { ffi::ibv_query_device(self.ctx.as_ptr(), &mut a) };
+        if rc != 0 {
+            return Err(VerbsError::call("ibv_query_device", rc_error(rc)));
+        }
+        Ok(DeviceInfo {
+            max_qp_wr: u32::try_from(a.max_qp_wr).unwrap_or(0),
+            max_cqe: u32::try_from(a.max_cqe).unwrap_or(0),
+            max_sge: u32::try_from(a.max_sge).unwrap_or(0),
+            atomics: a.atomic_cap != ffi::ibv_atomic_cap::IBV_ATOMIC_NONE,
+        })
+    }
+
+    /// What `port` says of itself.
+    ///
+    /// # Errors
+    /// The query failed (no such port).
+    pub fn port_info(&self, port: u8) -> Result<PortInfo, VerbsError> {
+        // SAFETY: plain data, valid when all zero.
+        let mut a: ffi::ibv_port_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: a live context and a live attribute struct the call fills.
+        let rc = unsafe { ffi::ibv_query_port(self.ctx.as_ptr(), port, &mut a) };
+        if rc != 0 {
+            return Err(VerbsError::call("ibv_query_port", rc_error(rc)));
+        }
+        Ok(PortInfo {
+            state: a.state,
+            mtu: mtu_bytes(a.active_mtu),
+            gids: u32::try_from(a.gid_tbl_len).unwrap_or(0),
+            link_layer: a.link_layer,
+        })
+    }
+
+    /// The GID at `index` of `port`, and whether it is a RoCE v2 one.
+    ///
+    /// # Errors
+    /// The query failed.
+    pub fn gid(&self, port: u8, index: u32) -> Result<([u8; 16], bool), VerbsError> {
+        // SAFETY: plain data, valid when all zero.
+        let mut g: ffi::ibv_gid = unsafe { std::mem::zeroed() };
+        let i = i32::try_from(index).unwrap_or(i32::MAX);
+        // SAFETY: a live context and a live gid the call fills.
+        let rc = unsafe { ffi::ibv_query_gid(self.ctx.as_ptr(), port, i, &mut g) };
+        if rc != 0 {
+            return Err(VerbsError::call("ibv_query_gid", rc_error(rc)));
+        }
+        let mut ty: ffi::ibv_gid_type_sysfs = 0;
+        // SAFETY: as above; the type is one int the call writes.
+        let rc = unsafe { ffi::ibv_query_gid_type(self.ctx.as_ptr(), port, index, &mut ty) };
+        // SAFETY: every bit pattern is a valid array of bytes.
+        let raw = unsafe { g.raw };
+        Ok((raw, rc == 0 && ty == ffi::IBV_GID_TYPE_SYSFS_ROCE_V2))
+    }
+
+    fn as_ptr(&self) -> *mut ffi::ibv_context {
+        self.ctx.as_ptr()
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: every child holds an Arc of the context, so none is left.
+        unsafe { ffi::ibv_close_device(self.ctx.as_ptr()) };
+    }
+}
+
+/// Bytes of an `ibv_mtu` value.
+fn mtu_bytes(m: ffi::ibv_mtu::Type) -> usize {
+    match m {
+        ffi::ibv_mtu::IBV_MTU_256 => 256,
+        ffi::ibv_mtu::IBV_MTU_512 => 512,
+        ffi::ibv_mtu::IBV_MTU_1024 => 1024,
+        ffi::ibv_mtu::IBV_MTU_2048 => 2048,
+        ffi::ibv_mtu::IBV_MTU_4096 => 4096,
+        _ => 0,
+    }
+}
+
+/// A protection domain.
+#[derive(Debug)]
+pub struct Pd {
+    pd: NonNull<ffi::ibv_pd>,
+    ctx: Arc<Context>,
+}
+
+// SAFETY: as for Context.
+unsafe impl Send for Pd {}
+// SAFETY: as for Context.
+unsafe impl Sync for Pd {}
+
+impl Pd {
+    /// A new protection domain on `ctx`.
+    ///
+    /// # Errors
+    /// The device refused one.
+    pub fn new(ctx: &Arc<Context>) -> Result<Arc<Self>, VerbsError> {
+        // SAFETY: a live context.
+        let pd = unsafe { ffi::ibv_alloc_pd(ctx.as_ptr()) };
+        match NonNull::new(pd) {
+            Some(pd) => Ok(Arc::new(Self {
+                pd,
+                ctx: Arc::clone(ctx),
+            })),
+            None => Err(VerbsError::call("ibv_alloc_pd", errno())),
+        }
+    }
+
+    /// The device.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+}
+
+impl Drop for Pd {
+    fn drop(&mut self) {
+        // SAFETY: every child holds an Arc of the domain, so none is left.
+        unsafe { ffi::ibv_dealloc_pd(self.pd.as_ptr()) };
+    }
+}
+
+/// Memory of our own, registered with the device: the pools work requests name.
+///
+/// The bytes live in a heap block the region owns and never moves; the device may write
+/// them at any time while a receive naming them is posted, so they are reached only
+/// through raw pointers ([`Region::ptr`]) by code that knows nothing is posted there.
+#[derive(Debug)]
+pub struct Region {
+    mr: NonNull<ffi::ibv_mr>,
+    mem: NonNull<u8>,
+    len: usize,
+    _pd: Arc<Pd>,
+}
+
+// SAFETY: the region is a registration and a heap block; both may move between threads.
+unsafe impl Send for Region {}
+// SAFETY: `&Region` hands out only raw pointers and keys.
+unsafe impl Sync for Region {}
+
+const REGION_ALIGN: usize = 4096;
+
+impl Region {
+    /// `len` zeroed bytes, page-aligned, registered on `pd` for local writes (and for
+    /// remote access when `remote`).
+    ///
+    /// # Errors
+    /// No memory, or a registration refused; past the memory-lock limit that is
+    /// [`VerbsError::MemLock`], which names `ulimit -l`.
+    pub fn new(pd: &Arc<Pd>, len: usize, remote: bool) -> Result<Self, VerbsError> {
+        let len = len.max(1);
+        let layout = std::alloc::Layout::from_size_align(len, REGION_ALIGN)
+            .map_err(|e| VerbsError::call("laying out a region", io::Error::other(e)))?;
+        // SAFETY: the layout has a non-zero size.
+        let mem = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })
+            .ok_or_else(|| VerbsError::call("allocating a region", io::ErrorKind::OutOfMemory.into()))?;
+        let mut access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
+        if remote {
+            access |= ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
+                | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0
+                | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0;
+        }
+        // SAFETY: a live domain and `len` bytes we own until after deregistration.
+        let mr = unsafe {
+            ffi::ibv_reg_mr(
+                pd.pd.as_ptr(),
+                mem.as_ptr().cast(),
+                len,
+                i32::try_from(access).unwrap_or(i32::MAX),
+            )
+        };
+        let Some(mr) = NonNull::new(mr) else {
+            let e = errno();
+            // SAFETY: allocated above with this layout, and registered nowhere.
+            unsafe { std::alloc::dealloc(mem.as_ptr(), layout) };
+            return Err(
+                if e.raw_os_error() == Some(libc::ENOMEM) || e.raw_os_error() == Some(libc::EPERM) {
+                    VerbsError::MemLock {
+                        bytes: len,
+                        source: e,
+                    }
+                } else {
+                    VerbsError::call("ibv_reg_mr", e)
+                },
+            );
+        };
+        Ok(Self {
+            mr,
+            mem,
+            len,
+            _pd: Arc::clone(pd),
+        })
+    }
+
+    /// The first byte.
+    pub fn ptr(&self) -> *mut u8 {
+        self.mem.as_ptr()
+    }
+
+    /// Bytes in the region.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it has no bytes (never: a region has at least one).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The key local work requests name it by.
+    pub fn lkey(&self) -> u32 {
+        // SAFETY: a live registration; the key does not change.
+        unsafe { (*self.mr.as_ptr()).lkey }
+    }
+
+    /// The key remote work requests name it by.
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: as above.
+        unsafe { (*self.mr.as_ptr()).rkey }
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: a live registration, deregistered once; its owner destroyed the queue
+        // pairs that could name it first (see the module documentation).
+        unsafe { ffi::ibv_dereg_mr(self.mr.as_ptr()) };
+        let layout =
+            std::alloc::Layout::from_size_align(self.len, REGION_ALIGN).expect("checked at allocation");
+        // SAFETY: allocated in `new` with this layout, no longer registered.
+        unsafe { std::alloc::dealloc(self.mem.as_ptr(), layout) };
+    }
+}
+
+/// A completion channel: the descriptor a waiter sleeps on.
+#[derive(Debug)]
+pub struct Channel {
+    ch: NonNull<ffi::ibv_comp_channel>,
+    _ctx: Arc<Context>,
+}
+
+// SAFETY: as for Context.
+unsafe impl Send for Channel {}
+// SAFETY: as for Context.
+unsafe impl Sync for Channel {}
+
+impl Channel {
+    /// A new channel on `ctx`, its descriptor non-blocking.
+    ///
+    /// # Errors
+    /// The device refused one.
+    pub fn new(ctx: &Arc<Context>) -> Result<Arc<Self>, VerbsError> {
+        // SAFETY: a live context.
+        let ch = unsafe { ffi::ibv_create_comp_channel(ctx.as_ptr()) };
+        let ch = NonNull::new(ch).ok_or_else(|| VerbsError::call("ibv_create_comp_channel", errno()))?;
+        let this = Self {
+            ch,
+            _ctx: Arc::clone(ctx),
+        };
+        let fd = this.raw_fd();
+        // SAFETY: the channel's own live descriptor; only its flags change.
+        let rc = unsafe {
+            libc::fcntl(
+                fd,
+                libc::F_SETFL,
+                libc::fcntl(fd, libc::F_GETFL) | libc::O_NONBLOCK,
+            )
+        };
+        if rc < 0 {
+            return Err(VerbsError::call(
+                "making the completion channel non-blocking",
+                errno(),
+            ));
+        }
+        Ok(Arc::new(this))
+    }
+
+    fn raw_fd(&self) -> RawFd {
+        // SAFETY: a live channel; its descriptor does not change.
+        unsafe { (*self.ch.as_ptr()).fd }
+    }
+
+    /// The descriptor, readable when an armed completion queue has an event.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the descriptor lives as long as the channel, which `self` borrows.
+        unsafe { BorrowedFd::borrow_raw(self.raw_fd()) }
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        // SAFETY: every queue on the channel holds an Arc of it, so none is left.
+        unsafe { ffi::ibv_destroy_comp_channel(self.ch.as_ptr()) };
+    }
+}
+
+/// A work completion, as much of it as the netmods read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    /// The request's own number.
+    pub wr_id: u64,
+    /// `IBV_WC_SUCCESS` (0) or why it failed.
+    pub status: u32,
+    /// Whether it completes a receive.
+    pub recv: bool,
+    /// Bytes received.
+    pub byte_len: u32,
+    /// The sending queue pair (UD receives).
+    pub src_qp: u32,
+    /// Whether a GRH precedes the data (UD receives).
+    pub grh: bool,
+}
+
+impl Completion {
+    /// Whether the request succeeded.
+    pub fn ok(&self) -> bool {
+        self.status == ffi::ibv_wc_status::IBV_WC_SUCCESS
+    }
+
+    /// The status's name, for messages.
+    pub fn status_name(&self) -> String {
+        // SAFETY: the call returns a static string for any status.
+        let s = unsafe { CStr::from_ptr(ffi::ibv_wc_status_str(self.status)) };
+        s.to_string_lossy().into_owned()
+    }
+}
+
+/// A completion queue on a channel.
+#[derive(Debug)]
+pub struct Cq {
+    cq: NonNull<ffi::ibv_cq>,
+    channel: Arc<Channel>,
+    /// Events taken from the channel and not yet acknowledged.
+    unacked: u32,
+}
+
+// SAFETY: as for Context; polling needs `&mut self`.
+unsafe impl Send for Cq {}
+
+/// Events acknowledged at once: acknowledging takes a lock in the library.
+const ACK_BATCH: u32 = 64;
+
+impl Cq {
+    /// A queue of `entries` on `channel`.
+    ///
+    /// # Errors
+    /// The device refused one.
+    pub fn new(ctx: &Arc<Context>, channel: &Arc<Channel>, entries: u32) -> Result<Self, VerbsError> {
+        let n = i32::try_from(entries).unwrap_or(i32::MAX);
+        // SAFETY: a live context and channel; no user context pointer.
+        let cq = unsafe { ffi::ibv_create_cq(ctx.as_ptr(), n, ptr::null_mut(), channel.ch.as_ptr(), 0) };
+        let cq = NonNull::new(cq).ok_or_else(|| VerbsError::call("ibv_create_cq", errno()))?;
+        Ok(Self {
+            cq,
+            channel: Arc::clone(channel),
+            unacked: 0,
+        })
+    }
+
+    /// Takes up to `out.len()` completions; returns how many.
+    ///
+    /// # Errors
+    /// The queue failed (overrun).
+    pub fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> Result<usize, VerbsError> {
+        const BATCH: usize = 32;
+        // SAFETY: plain data, valid when all zero.
+        let mut wc: [ffi::ibv_wc; BATCH] = unsafe { std::mem::zeroed() };
+        let want = i32::try_from(max.min(BATCH)).unwrap_or(1);
+        // SAFETY: a live queue, and room for `want` completions.
+        let n = unsafe { ffi::ibv_poll_cq(self.cq.as_ptr(), want, wc.as_mut_ptr()) };
+        if n < 0 {
+            return Err(VerbsError::call("ibv_poll_cq", rc_error(-n)));
+        }
+        let n = n as usize;
+        for w in &wc[..n] {
+            out.push(Completion {
+                wr_id: w.wr_id,
+                status: w.status,
+                recv: w.opcode & ffi::ibv_wc_opcode::IBV_WC_RECV != 0,
+                byte_len: w.byte_len,
+                src_qp: w.src_qp,
+                grh: w.wc_flags & ffi::ibv_wc_flags::IBV_WC_GRH.0 != 0,
+            });
+        }
+        Ok(n)
+    }
+
+    /// Arms the queue: the channel becomes readable at its next completion.
+    ///
+    /// # Errors
+    /// The call failed.
+    pub fn arm(&mut self) -> Result<(), VerbsError> {
+        // SAFETY: a live queue.
+        let rc = unsafe { ffi::ibv_req_notify_cq(self.cq.as_ptr(), 0) };
+        if rc != 0 {
+            return Err(VerbsError::call("ibv_req_notify_cq", rc_error(rc)));
+        }
+        Ok(())
+    }
+
+    /// Takes the events waiting on the channel (it is non-blocking), acknowledging them in
+    /// batches.
+    ///
+    /// # Errors
+    /// Reading the channel failed other than by having nothing.
+    pub fn take_events(&mut self) -> Result<(), VerbsError> {
+        loop {
+            let mut cq = ptr::null_mut();
+            let mut cq_ctx = ptr::null_mut();
+            // SAFETY: a live channel; the call writes two pointers we only compare.
+            let rc = unsafe { ffi::ibv_get_cq_event(self.channel.ch.as_ptr(), &mut cq, &mut cq_ctx) };
+            if rc != 0 {
+                let e = errno();
+                if e.kind() == io::ErrorKind::WouldBlock {
+                    return Ok(());
+                }
+                return Err(VerbsError::call("ibv_get_cq_event", e));
+            }
+            self.unacked += 1;
+            if self.unacked >= ACK_BATCH {
+                self.ack();
+            }
+        }
+    }
+
+    fn ack(&mut self) {
+        if self.unacked > 0 {
+            // SAFETY: a live queue, and events taken from its channel.
+            unsafe { ffi::ibv_ack_cq_events(self.cq.as_ptr(), self.unacked) };
+            self.unacked = 0;
+        }
+    }
+
+    /// The channel.
+    pub fn channel(&self) -> &Arc<Channel> {
+        &self.channel
+    }
+
+    fn as_ptr(&self) -> *mut ffi::ibv_cq {
+        self.cq.as_ptr()
+    }
+}
+
+impl Drop for Cq {
+    fn drop(&mut self) {
+        // Destroying a queue waits for every event taken from it to be acknowledged.
+        self.ack();
+        // SAFETY: its queue pairs are gone (their owners drop them first).
+        unsafe { ffi::ibv_destroy_cq(self.cq.as_ptr()) };
+    }
+}
+
+/// A scatter-gather element: bytes of a registered region, or of any memory when the
+/// request is inline.
+#[derive(Debug, Clone, Copy)]
+pub struct Sge {
+    /// The first byte.
+    pub addr: *const u8,
+    /// Bytes.
+    pub len: u32,
+    /// The region's key (ignored inline).
+    pub lkey: u32,
+}
+
+/// Where a UD send goes.
+#[derive(Debug, Clone, Copy)]
+pub struct UdDest<'a> {
+    /// The address handle.
+    pub ah: &'a Ah,
+    /// The queue pair's number.
+    pub qpn: u32,
+    /// The queue key.
+    pub qkey: u32,
+}
+
+/// A queue pair.
+#[derive(Debug)]
+pub struct Qp {
+    qp: NonNull<ffi::ibv_qp>,
+    /// What the device granted.
+    pub cap: QpCap,
+    _pd: Arc<Pd>,
+}
+
+// SAFETY: as for Context; posting needs `&mut self`.
+unsafe impl Send for Qp {}
+
+/// What a queue pair was granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCap {
+    /// Send requests at once.
+    pub send: u32,
+    /// Receive requests at once.
+    pub recv: u32,
+    /// Scatter-gather elements of a send.
+    pub send_sge: u32,
+    /// Bytes a send may carry inline.
+    pub inline: u32,
+}
+
+impl Qp {
+    /// A UD queue pair on `cq` (sends and receives), brought to RTS with queue key
+    /// `qkey` on `port`.
+    ///
+    /// # Errors
+    /// The device refused the pair or a state change.
+    pub fn ud(pd: &Arc<Pd>, cq: &Cq, cap: QpCap, port: u8, qkey: u32) -> Result<Self, VerbsError> {
+        let qp = Self::create(pd, cq, cap, ffi::ibv_qp_type::IBV_QPT_UD)?;
+        use ffi::ibv_qp_attr_mask as m;
+        // SAFETY: plain data, valid when all zero.
+        let mut a: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ffi::ibv_qp_state::IBV_QPS_INIT;
+        a.pkey_index = 0;
+        a.port_num = port;
+        a.qkey = qkey;
+        qp.modify(
+            &mut a,
+            m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_QKEY,
+        )?;
+        a.qp_state = ffi::ibv_qp_state::IBV_QPS_RTR;
+        qp.modify(&mut a, m::IBV_QP_STATE)?;
+        a.qp_state = ffi::ibv_qp_state::IBV_QPS_RTS;
+        a.sq_psn = 0;
+        qp.modify(&mut a, m::IBV_QP_STATE | m::IBV_QP_SQ_PSN)?;
+        Ok(qp)
+    }
+
+    fn create(pd: &Arc<Pd>, cq: &Cq, cap: QpCap, ty: ffi::ibv_qp_type::Type) -> Result<Self, VerbsError> {
+        // SAFETY: plain data, valid when all zero.
+        let mut init: ffi::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        init.send_cq = cq.as_ptr();
+        init.recv_cq = cq.as_ptr();
+        init.qp_type = ty;
+        init.cap.max_send_wr = cap.send;
+        init.cap.max_recv_wr = cap.recv;
+        init.cap.max_send_sge = cap.send_sge;
+        init.cap.max_recv_sge = 1;
+        init.cap.max_inline_data = cap.inline;
+        // SAFETY: a live domain and queue; `init` is read and its `cap` written back.
+        let mut qp = unsafe { ffi::ibv_create_qp(pd.pd.as_ptr(), &mut init) };
+        if qp.is_null() && cap.inline > 0 {
+            // Some devices refuse any inline data: ask again without.
+            init.cap.max_inline_data = 0;
+            // SAFETY: as above.
+            qp = unsafe { ffi::ibv_create_qp(pd.pd.as_ptr(), &mut init) };
+        }
+        let qp = NonNull::new(qp).ok_or_else(|| VerbsError::call("ibv_create_qp", errno()))?;
+        Ok(Self {
+            qp,
+            cap: QpCap {
+                send: init.cap.max_send_wr,
+                recv: init.cap.max_recv_wr,
+                send_sge: init.cap.max_send_sge,
+                inline: init.cap.max_inline_data,
+            },
+            _pd: Arc::clone(pd),
+        })
+    }
+
+    fn modify(&self, a: &mut ffi::ibv_qp_attr, mask: ffi::ibv_qp_attr_mask) -> Result<(), VerbsError> {
+        // SAFETY: a live pair and a live attribute struct.
+        let rc = unsafe { ffi::ibv_modify_qp(self.qp.as_ptr(), a, i32::try_from(mask.0).unwrap_or(0)) };
+        if rc != 0 {
+            return Err(VerbsError::call("ibv_modify_qp", rc_error(rc)));
+        }
+        Ok(())
+    }
+
+    /// The pair's number.
+    pub fn qpn(&self) -> u32 {
+        // SAFETY: a live pair; the number does not change.
+        unsafe { (*self.qp.as_ptr()).qp_num }
+    }
+
+    /// Posts one receive of `len` bytes at `addr` of a region with key `lkey`.
+    ///
+    /// # Safety
+    /// The bytes must stay allocated and registered, and be neither read nor written by
+    /// anyone else, until the receive completes or the pair is destroyed.
+    pub unsafe fn post_recv(
+        &mut self,
+        wr_id: u64,
+        addr: *mut u8,
+        len: u32,
+        lkey: u32,
+    ) -> Result<(), VerbsError> {
+        let mut sge = ffi::ibv_sge {
+            addr: addr as u64,
+            length: len,
+            lkey,
+        };
+        let mut wr = ffi::ibv_recv_wr {
+            wr_id,
+            next: ptr::null_mut(),
+            sg_list: &mut sge,
+            num_sge: 1,
+        };
+        let mut bad = ptr::null_mut();
+        // SAFETY: a live pair; the request and its element are read during the call;
+        // the caller keeps the bytes as the contract says.
+        let rc = unsafe { ffi::ibv_post_recv(self.qp.as_ptr(), &mut wr, &mut bad) };
+        if rc != 0 {
+            return Err(VerbsError::call("ibv_post_recv", rc_error(rc)));
+        }
+        Ok(())
+    }
+
+    /// Posts one signalled UD send of `sges` to `to`; inline when `inline` (the bytes
+    /// are copied during the call, any memory will do).
+    ///
+    /// # Safety
+    /// Unless inline, the bytes must stay allocated, registered and unchanged until the
+    /// send completes or the pair is destroyed.
+    pub unsafe fn post_send_ud(
+        &mut self,
+        wr_id: u64,
+        sges: &[Sge],
+        to: UdDest<'_>,
+        inline: bool,
+    ) -> Result<(), VerbsError> {
+        let mut list = [ffi::ibv_sge {
+            addr: 0,
+            length: 0,
+            lkey: 0,
+        }; 4];
+        if sges.len() > list.len() {
+            return Err(VerbsError::call(
+                "ibv_post_send",
+                io::Error::new(io::ErrorKind::InvalidInput, "more than 4 pieces"),
+            ));
+        }
+        for (l, s) in list.iter_mut().zip(sges) {
+            *l = ffi::ibv_sge {
+                addr: s.addr as u64,
+                length: s.len,
+                lkey: s.lkey,
+            };
+        }
+        // SAFETY: plain data (pointers may be null), valid when all zero.
+        let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.sg_list = list.as_mut_ptr();
+        wr.num_sge = sges.len() as i32;
+        wr.opcode = ffi::ibv_wr_opcode::IBV_WR_SEND;
+        wr.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        if inline {
+            wr.send_flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+        }
+        wr.wr.ud = ffi::ud_t {
+            ah: to.ah.ah.as_ptr(),
+            remote_qpn: to.qpn,
+            remote_qkey: to.qkey,
+        };
+        let mut bad = ptr::null_mut();
+        // SAFETY: a live pair and address handle; the request and list are read during
+        // the call; the caller keeps the bytes as the contract says.
+        let rc = unsafe { ffi::ibv_post_send(self.qp.as_ptr(), &mut wr, &mut bad) };
+        if rc != 0 {
+            return Err(VerbsError::call("ibv_post_send", rc_error(rc)));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        // SAFETY: a live pair, destroyed once; what its requests named is freed only
+        // after this (its owner keeps the pair before the memory).
+        unsafe { ffi::ibv_destroy_qp(self.qp.as_ptr()) };
+    }
+}
+
+/// An address handle: the way to one remote port, for UD sends.
+#[derive(Debug)]
+pub struct Ah {
+    ah: NonNull<ffi::ibv_ah>,
+    _pd: Arc<Pd>,
+}
+
+// SAFETY: as for Context.
+unsafe impl Send for Ah {}
+
+impl Ah {
+    /// The way to `gid` from our `port` and GID `sgid_index` (RoCE and routed IB need the
+    /// global header; it does no harm on a subnet).
+    ///
+    /// # Errors
+    /// The device refused it (an unreachable GID).
+    pub fn new(pd: &Arc<Pd>, port: u8, sgid_index: u8, gid: [u8; 16]) -> Result<Self, VerbsError> {
+        // SAFETY: plain data, valid when all zero.
+        let mut a: ffi::ibv_ah_attr = unsafe { std::mem::zeroed() };
+        a.is_global = 1;
+        a.grh.dgid = ffi::ibv_gid { raw: gid };
+        a.grh.sgid_index = sgid_index;
+        a.grh.hop_limit = 64;
+        a.port_num = port;
+        // SAFETY: a live domain and attribute struct.
+        let ah = unsafe { ffi::ibv_create_ah(pd.pd.as_ptr(), &mut a) };
+        let ah = NonNull::new(ah).ok_or_else(|| VerbsError::call("ibv_create_ah", errno()))?;
+        Ok(Self {
+            ah,
+            _pd: Arc::clone(pd),
+        })
+    }
+}
+
+impl Drop for Ah {
+    fn drop(&mut self) {
+        // SAFETY: a live handle, destroyed once; a send naming it has completed or its
+        // pair is gone (the endpoint drops its pair first).
+        unsafe { ffi::ibv_destroy_ah(self.ah.as_ptr()) };
+    }
+}

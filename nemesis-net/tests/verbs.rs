@@ -1,0 +1,60 @@
+//! The netmod conformance suite (`tests/suite`) run against the verbs netmods. It needs a
+//! verbs device: `scripts/verbs-test.sh` runs this binary in the Soft-RoCE VM. Elsewhere
+//! every test returns at once saying why, except inside that VM (`RXE_VM` set), where a
+//! missing device is a failure.
+
+#![cfg(feature = "verbs")]
+
+mod suite;
+
+use nemesis_net::reliable::Datagram;
+use nemesis_net::verbs::ud::{UdConfig, UdEndpoint, decode_card};
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::{Duration, Instant};
+use suite::Kind;
+
+/// Whether a verbs device is here; inside the VM there must be one.
+fn here() -> bool {
+    match nemesis_net::verbs::devices() {
+        Ok(_) => true,
+        Err(e) => {
+            assert!(
+                std::env::var_os("RXE_VM").is_none(),
+                "inside the Soft-RoCE VM there must be a device: {e}"
+            );
+            assert!(e.unavailable(), "{e}");
+            eprintln!("skipped: {e}");
+            false
+        }
+    }
+}
+
+/// The VM's address (its RoCE v2 GID maps it), or loopback elsewhere.
+fn addr() -> IpAddr {
+    std::env::var("RXE_VM_IP")
+        .ok()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
+}
+
+/// Sends `junk` as one datagram from a queue pair of no job.
+fn inject_ud(card: &[u8], junk: &[u8]) {
+    let (to, _) = decode_card(1, card).unwrap();
+    let mut ep = UdEndpoint::open(&UdConfig::default(), addr()).unwrap();
+    assert!(ep.send_to(&[junk], to).unwrap());
+    let end = Instant::now() + Duration::from_secs(10);
+    while ep.sends_in_flight() > 0 {
+        assert!(Instant::now() < end, "the stranger's send never completed");
+        let _ = ep.recv().unwrap();
+    }
+}
+
+const UD: Kind = Kind {
+    name: "ud",
+    addr,
+    here,
+    inject: inject_ud,
+    vars: &[],
+};
+
+netmod_suite!(ud, super::UD);
