@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of nemesis: formatting, lints and documentation, the unit and
 # multi-process tests, the async tests, the tests under a one-node Slurm cluster, the
-# loom models, a short run of the instruction-count script, and the fuzz targets.
+# verbs netmods in a Soft-RoCE VM, the loom models, a short run of the instruction-count
+# script, and the fuzz targets.
 #
 #   scripts/test.sh
 #
@@ -50,6 +51,9 @@ $sudo scripts/slurm.sh start >/dev/null
 trap '$sudo scripts/slurm.sh stop' EXIT
 eval "$(scripts/slurm.sh env)"
 NEM_TEST_SLURM=1 cargo test --locked -p nemesis --test slurm -- --test-threads=1
+
+step "verbs netmods: the conformance suite over ud in a Soft-RoCE VM"
+scripts/verbs-test.sh
 
 step "loom models (lock-free protocols of nemesis-shm, with broken variants that must fail)"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo clippy --locked -p loom-tests --all-targets -- -D warnings

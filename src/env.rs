@@ -96,6 +96,28 @@ pub const KNOWN: &[(&str, Reader, &str)] = &[
         "udp segments in flight per peer",
     ),
     (
+        "NEMESIS_VERBS_DEVICE",
+        Reader::Library,
+        "the verbs device (ud netmod)",
+    ),
+    ("NEMESIS_VERBS_PORT", Reader::Library, "the verbs device's port"),
+    (
+        "NEMESIS_VERBS_GID_INDEX",
+        Reader::Library,
+        "the GID the verbs netmods use",
+    ),
+    ("NEMESIS_UD_MTU", Reader::Library, "largest ud datagram"),
+    (
+        "NEMESIS_UD_WINDOW",
+        Reader::Library,
+        "ud segments in flight per peer",
+    ),
+    (
+        "NEMESIS_UD_RECV_DEPTH",
+        Reader::Library,
+        "ud receive slots posted",
+    ),
+    (
         "NEMESIS_PMI_DEBUG",
         Reader::Tools,
         "nemesis-run prints its PMI traffic",
@@ -219,6 +241,12 @@ mod tests {
             crate::channel::NO_SHM_VAR,
             nemesis_net::config::NETMOD_VAR,
             nemesis_net::config::NET_TIMEOUT_VAR,
+            "NEMESIS_VERBS_DEVICE",
+            "NEMESIS_VERBS_PORT",
+            "NEMESIS_VERBS_GID_INDEX",
+            "NEMESIS_UD_MTU",
+            "NEMESIS_UD_WINDOW",
+            "NEMESIS_UD_RECV_DEPTH",
         ] {
             assert!(is_known(v), "{v}");
         }

@@ -13,6 +13,9 @@ pub fn nemesis_run() -> &'static Path {
     static RUN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     RUN.get_or_init(|| {
         let profile_dir = profile_dir();
+        if prebuilt() {
+            return profile_dir.join("nemesis-run");
+        }
         let mut c = Command::new(env!("CARGO"));
         c.args(["build", "--quiet", "-p", "nemesis-tools", "--bin", "nemesis-run"]);
         if profile_dir.file_name().is_some_and(|p| p == "release") {
@@ -21,6 +24,12 @@ pub fn nemesis_run() -> &'static Path {
         assert!(c.status().unwrap().success(), "building nemesis-run");
         profile_dir.join("nemesis-run")
     })
+}
+
+/// Whether the programs the tests start were built beforehand (`NEM_TEST_PREBUILT=1`):
+/// inside the Soft-RoCE VM, where cargo is slow, the host builds them first.
+fn prebuilt() -> bool {
+    std::env::var_os("NEM_TEST_PREBUILT").is_some_and(|v| v == "1")
 }
 
 /// The target directory of this test binary's profile (`target/debug` or `target/release`).
@@ -115,6 +124,9 @@ pub fn example(name: &str) -> PathBuf {
 /// As [`example`], built with the crate's `features`.
 pub fn example_with(name: &str, features: &[&str]) -> PathBuf {
     let profile_dir = profile_dir();
+    if prebuilt() {
+        return profile_dir.join("examples").join(name);
+    }
     let mut c = Command::new(env!("CARGO"));
     c.args(["build", "--quiet", "-p", "nemesis", "--example", name]);
     if !features.is_empty() {

@@ -38,7 +38,8 @@ Environment read by the processes (see README.md):
   NEMESIS_SHM_DIR          directory of the shared segment (default /dev/shm)
   NEMESIS_STARTUP_TIMEOUT  seconds to wait for the other processes (default 60)
   NEMESIS_SPIN, NEMESIS_YIELDS  how long an idle process spins and yields before sleeping
-  NEMESIS_NETMOD           tcp or udp: how ranks on different hosts meet (default tcp)
+  NEMESIS_NETMOD           tcp, udp, or ud (verbs builds): how ranks on different hosts
+                           meet (default tcp)
   NEMESIS_NO_SHM=1         send to ranks on the same host through the netmod too
   NEMESIS_NET_ADDR, NEMESIS_NET_IFACE  the address or interface the netmod uses
   NEMESIS_NET_TIMEOUT      seconds without an answer before a peer counts as failed (10)

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Runs the tests of the verbs netmods: lints and the verbs layer's unit tests on this
+# host, then inside a VM with a Soft-RoCE device (the rxe-vm tool, ../shared/tools/rxe-vm,
+# or RXE_VM_TOOL) the netmod conformance suite over ud and jobs over ud (the two-sided
+# stress test, the examples). Only the verbs test binaries run in the VM.
+#
+#   scripts/verbs-test.sh
+#
+# It installs what the `verbs` feature needs to build (cmake, libclang) and what the VM
+# needs (rxe-vm's setup.sh: qemu, rdma-core, a Debian kernel) when they are missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+tool=${RXE_VM_TOOL:-../shared/tools/rxe-vm}
+if [ ! -x "$tool/run.sh" ]; then
+    echo "verbs-test: the Soft-RoCE VM tool is not at $tool (set RXE_VM_TOOL to its directory)" >&2
+    exit 1
+fi
+tool=$(cd "$tool" && pwd)
+if [ "$(id -u)" -ne 0 ]; then sudo=sudo; else sudo=; fi
+
+missing=()
+command -v cmake >/dev/null || missing+=(cmake)
+compgen -G '/usr/lib/llvm-*/lib/libclang*.so*' >/dev/null || missing+=(libclang-dev)
+if ((${#missing[@]})); then
+    echo "verbs-test: installing ${missing[*]}"
+    $sudo apt-get -o DPkg::Lock::Timeout=900 update
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get -o DPkg::Lock::Timeout=900 install -y --no-install-recommends "${missing[@]}"
+fi
+"$tool/setup.sh" || { sleep 30; "$tool/setup.sh"; }
+
+echo "verbs-test: lints and documentation with the verbs feature"
+cargo clippy --locked -p nemesis-net --all-targets --features verbs -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps -p nemesis-net --features verbs
+
+echo "verbs-test: the verbs layer on the host (no device here: the device tests skip)"
+cargo test --locked -p nemesis-net --features verbs --lib verbs
+
+runner="$tool/run.sh --timeout 600 --rw $PWD/target --"
+
+echo "verbs-test: the conformance suite over ud in the Soft-RoCE VM"
+cargo test --locked -p nemesis-net --features verbs --test verbs --no-run
+CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$runner" \
+    cargo test --locked -p nemesis-net --features verbs --test verbs -- --test-threads=1
+
+echo "verbs-test: jobs over ud (stress test, examples) in the Soft-RoCE VM"
+# Built here first: cargo inside the emulated VM is slow.
+cargo build --locked -p nemesis-tools --bin nemesis-run
+cargo build --locked -p nemesis --features verbs --example hello --example ring --example halo
+cargo test --locked -p nemesis --features verbs --test verbs --no-run
+NEM_TEST_PREBUILT=1 CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$runner" \
+    cargo test --locked -p nemesis --features verbs --test verbs -- --test-threads=1

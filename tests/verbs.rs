@@ -1,0 +1,117 @@
+//! Jobs over the verbs netmods: the randomised two-sided stress test and the examples,
+//! every rank reaching every other through `ud`. They need a verbs device:
+//! `scripts/verbs-test.sh` runs this binary inside the Soft-RoCE VM. Elsewhere each test
+//! returns at once saying why, except inside that VM (`RXE_VM` set), where a missing
+//! device is a failure.
+
+#![cfg(feature = "verbs")]
+
+mod common;
+
+use common::*;
+
+#[test]
+#[ignore = "child process of the multi-process tests"]
+fn child_stress() {
+    child_main(stress::child);
+}
+
+/// Whether a verbs device is here; inside the VM there must be one.
+fn device() -> bool {
+    match nemesis::net::verbs::devices() {
+        Ok(_) => true,
+        Err(e) => {
+            assert!(
+                std::env::var_os("RXE_VM").is_none(),
+                "inside the Soft-RoCE VM there must be a device: {e}"
+            );
+            eprintln!("skipped: {e}");
+            false
+        }
+    }
+}
+
+/// `nemesis-run -n N` of `prog` with every peer behind ud.
+fn over_ud(n: u32, dir: &std::path::Path) -> std::process::Command {
+    let mut c = std::process::Command::new(nemesis_run());
+    c.args(["-n", &n.to_string(), "--timeout", "300", "--"])
+        .env("NEMESIS_SHM_DIR", dir)
+        .env("NEMESIS_NO_SHM", "1")
+        .env("NEMESIS_NETMOD", "ud");
+    c
+}
+
+#[test]
+fn stress_over_ud() {
+    if !device() {
+        return;
+    }
+    let dir = shm_dir("verbs-stress");
+    let o = over_ud(4, &dir)
+        .env("NEM_TEST_CHILD", "1")
+        .env("STRESS_SEED", "29")
+        .env("STRESS_ROUNDS", "20")
+        .args(child_args("stress"))
+        .output()
+        .unwrap();
+    assert_ranks_said(&o, "messages checked", 4, "ud");
+    assert!(leftovers(&dir).is_empty());
+}
+
+#[test]
+fn examples_over_ud() {
+    if !device() {
+        return;
+    }
+    let dir = shm_dir("verbs-examples");
+    let o = over_ud(3, &dir).arg(example("hello")).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).matches("via net").count(),
+        3,
+        "{}",
+        text(&o)
+    );
+    let o = over_ud(3, &dir)
+        .args([example("ring").as_os_str(), "200".as_ref()])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("200 laps of 3 ranks"),
+        "{}",
+        text(&o)
+    );
+    let o = over_ud(4, &dir)
+        .args([
+            example("halo").as_os_str(),
+            "--iters".as_ref(),
+            "50".as_ref(),
+            "--check".as_ref(),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+}
+
+#[test]
+fn a_build_without_verbs_names_the_feature_and_a_bad_device_is_named() {
+    // This build has the feature: ud is offered, and a device that is not there is an
+    // error naming the variable.
+    assert!(nemesis::net::config::NETMODS.contains(&"ud"));
+    if !device() {
+        return;
+    }
+    let dir = shm_dir("verbs-baddev");
+    let o = over_ud(2, &dir)
+        .env("NEMESIS_VERBS_DEVICE", "nosuchdev0")
+        .arg(example("hello"))
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("nosuchdev0") && err.contains("NEMESIS_VERBS_DEVICE"),
+        "{}",
+        text(&o)
+    );
+}
