@@ -47,6 +47,13 @@ echo "verbs-test: jobs over ud (stress test, examples) in the Soft-RoCE VM"
 # Built here first: cargo inside the emulated VM is slow.
 cargo build --locked -p nemesis-tools --bin nemesis-run
 cargo build --locked -p nemesis --features verbs --example hello --example ring --example halo
-cargo test --locked -p nemesis --features verbs --test verbs --no-run
+bin=$(cargo test --locked -p nemesis --features verbs --test verbs --no-run --message-format=json |
+    grep -o '"executable":"[^"]*"' | cut -d'"' -f4)
 NEM_TEST_PREBUILT=1 CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$runner" \
     cargo test --locked -p nemesis --features verbs --test verbs -- --test-threads=1
+
+# The link loses, duplicates and reorders datagrams: the reliability layer must repair it.
+netem='delay 1ms loss 5% duplicate 1% reorder 10%'
+echo "verbs-test: a job across two Soft-RoCE VMs over ud (hello, ring, stress test), link: $netem"
+VERBS_JOB_BIN=$bin "$tool/run2.sh" --netem "$netem" --timeout 600 --rw "$PWD/target" -- \
+    scripts/verbs-two-vm.sh -- scripts/verbs-two-vm.sh

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs in both Soft-RoCE VMs of rxe-vm's run2.sh (scripts/verbs-test.sh starts it): one
+# nemesis job across the two VMs, two ranks in each, shared memory within a VM and ud
+# between them: hello, ring, and the two-sided stress test (the test binary in
+# $VERBS_JOB_BIN). VM A starts the jobs with nemesis-run; VM B serves their launches.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export NEMESIS_NETMOD=ud NEM_TEST_CHILD=1 STRESS_SEED=31 STRESS_ROUNDS=8
+if [ "$RXE_VM_ROLE" = B ]; then
+    exec scripts/vm-launcher.sh --serve
+fi
+trap 'touch "$RXE_VM_SYNC_DIR/launch-done"' EXIT
+
+job() {
+    target/debug/nemesis-run -n 4 --hosts A,B --launcher "$PWD/scripts/vm-launcher.sh" \
+        --pmi-addr "$RXE_VM_IP" --timeout 300 -- "$@"
+}
+expect() {
+    local what=$1 line=$2 n=$3 out=$4
+    local said
+    said=$(grep -c -- "$line" <<<"$out" || true)
+    if [ "$said" != "$n" ]; then
+        printf '%s\n' "$out"
+        echo "verbs-two-vm: $what: $n ranks should say \"$line\", $said did" >&2
+        exit 1
+    fi
+    echo "verbs-two-vm: $what across two VMs over ud: ok"
+}
+
+out=$(job target/debug/examples/hello)
+expect hello "via net" 4 "$out"
+out=$(job target/debug/examples/ring 100)
+expect ring "100 laps of 4 ranks" 1 "$out"
+out=$(job "${VERBS_JOB_BIN:?}" --exact child_stress --ignored --nocapture --test-threads=1)
+expect "stress test" "messages checked" 4 "$out"
