@@ -45,6 +45,16 @@ pub trait Endpoint: Datagram {
         Ok(false)
     }
 
+    /// Whether a poll may find something now, found without sleeping or arming: a
+    /// completion queue is looked at directly. `None`: the endpoint can tell only by its
+    /// descriptor (a socket), which the caller then polls without waiting.
+    ///
+    /// # Errors
+    /// Failures of the transport itself.
+    fn look(&mut self) -> io::Result<Option<bool>> {
+        Ok(None)
+    }
+
     /// Takes the readiness the descriptor showed, so that the next sleep waits for a
     /// new event.
     ///
@@ -143,6 +153,31 @@ impl<E: Endpoint> DgramNetmod<E> {
         }
     }
 
+    /// Waits at most `ms` milliseconds for the endpoint's descriptor, and takes the
+    /// wake-up; whether a poll may find something.
+    fn poll_fd(&mut self, ms: libc::c_int) -> Result<bool, NetError> {
+        let ep = self.rel.datagram();
+        let mut pfd = libc::pollfd {
+            fd: ep.fd().as_raw_fd(),
+            events: ep.readiness(self.rel.blocked()),
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the endpoint's live descriptor, and its count.
+        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                return Ok(false);
+            }
+            return Err(self.io_error("poll(2)", e));
+        }
+        if rc > 0 {
+            let woken = self.rel.datagram_mut().woken();
+            woken.map_err(|e| self.io_error("taking a wake-up", e))?;
+        }
+        Ok(rc > 0 || self.rel.ready())
+    }
+
     fn io_error(&self, what: &str, e: io::Error) -> NetError {
         NetError::io(format!("{}: {what}", self.rel.datagram().name()), e)
     }
@@ -174,36 +209,21 @@ impl<E: Endpoint> Netmod for DgramNetmod<E> {
             return Ok(true);
         }
         let limit = self.until_timer(timeout);
+        if limit.is_zero() {
+            // A spinning waiter looks; it does not arm.
+            let looked = self.rel.datagram_mut().look();
+            if let Some(now) = looked.map_err(|e| self.io_error("looking for input", e))? {
+                return Ok(now || self.rel.ready());
+            }
+            return self.poll_fd(0);
+        }
         let armed = self.rel.datagram_mut().arm();
         if armed.map_err(|e| self.io_error("arming the wait", e))? {
             return Ok(true);
         }
         // poll(2) counts milliseconds: round up, so a timer is not polled for early.
-        let ms = if limit.is_zero() {
-            0
-        } else {
-            libc::c_int::try_from(limit.as_nanos().div_ceil(1_000_000)).unwrap_or(libc::c_int::MAX)
-        };
-        let ep = self.rel.datagram();
-        let mut pfd = libc::pollfd {
-            fd: ep.fd().as_raw_fd(),
-            events: ep.readiness(self.rel.blocked()),
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the endpoint's live descriptor, and its count.
-        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if rc < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                return Ok(false);
-            }
-            return Err(self.io_error("poll(2)", e));
-        }
-        if rc > 0 {
-            let woken = self.rel.datagram_mut().woken();
-            woken.map_err(|e| self.io_error("taking a wake-up", e))?;
-        }
-        Ok(rc > 0 || self.rel.ready())
+        let ms = libc::c_int::try_from(limit.as_nanos().div_ceil(1_000_000)).unwrap_or(libc::c_int::MAX);
+        self.poll_fd(ms)
     }
 
     fn wait_fd(&self) -> Option<BorrowedFd<'_>> {
@@ -219,7 +239,12 @@ impl<E: Endpoint> Netmod for DgramNetmod<E> {
                 .map_err(|e| self.io_error("epoll_ctl", e))?;
             self.watching = want;
         }
-        if self.wait(Duration::ZERO)? {
+        if self.rel.ready() {
+            return Ok(WaitHint::Now);
+        }
+        // The waiter sleeps on the descriptor next: it must be armed.
+        let armed = self.rel.datagram_mut().arm();
+        if armed.map_err(|e| self.io_error("arming the wait", e))? || self.poll_fd(0)? {
             return Ok(WaitHint::Now);
         }
         let next = self.rel.next_deadline().map(|d| {

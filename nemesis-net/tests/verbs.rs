@@ -42,9 +42,10 @@ fn inject_ud(card: &[u8], junk: &[u8]) {
     let (to, _) = decode_card(1, card).unwrap();
     let mut ep = UdEndpoint::open(&UdConfig::default(), addr()).unwrap();
     assert!(ep.send_to(&[junk], to).unwrap());
-    let end = Instant::now() + Duration::from_secs(10);
-    while ep.sends_in_flight() > 0 {
-        assert!(Instant::now() < end, "the stranger's send never completed");
+    // Most sends ask for no completion: give the device time to send it before the
+    // queue pair goes.
+    let end = Instant::now() + Duration::from_millis(200);
+    while Instant::now() < end {
         let _ = ep.recv().unwrap();
     }
 }

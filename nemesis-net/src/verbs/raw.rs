@@ -208,6 +208,32 @@ impl Context {
         Ok((raw, rc == 0 && ty == ffi::IBV_GID_TYPE_SYSFS_ROCE_V2))
     }
 
+    /// The set GIDs of `port` as (index, GID, whether RoCE v2), read in one call (the
+    /// table may have a thousand entries, most of them empty).
+    ///
+    /// # Errors
+    /// The query failed.
+    pub fn gid_table(&self, port: u8, len: u32) -> Result<Vec<(u32, [u8; 16], bool)>, VerbsError> {
+        let n = len.max(1) as usize;
+        // SAFETY: plain data, valid when all zero.
+        let mut entries: Vec<ffi::ibv_gid_entry> = (0..n).map(|_| unsafe { std::mem::zeroed() }).collect();
+        // SAFETY: a live context and room for `n` entries, which the call fills.
+        let got = unsafe { ffi::ibv_query_gid_table(self.ctx.as_ptr(), entries.as_mut_ptr(), n, 0) };
+        if got < 0 {
+            return Err(VerbsError::call("ibv_query_gid_table", rc_error(-(got as i32))));
+        }
+        Ok(entries
+            .iter()
+            .take(got as usize)
+            .filter(|e| e.port_num == u32::from(port))
+            .map(|e| {
+                // SAFETY: every bit pattern is a valid array of bytes.
+                let gid = unsafe { e.gid.raw };
+                (e.gid_index, gid, e.gid_type == ffi::IBV_GID_TYPE_ROCE_V2)
+            })
+            .collect())
+    }
+
     fn as_ptr(&self) -> *mut ffi::ibv_context {
         self.ctx.as_ptr()
     }
@@ -511,22 +537,23 @@ impl Cq {
         })
     }
 
-    /// Takes up to `out.len()` completions; returns how many.
+    /// Takes up to `max` completions (32 at most) into `out`; returns how many.
     ///
     /// # Errors
     /// The queue failed (overrun).
     pub fn poll(&mut self, out: &mut Vec<Completion>, max: usize) -> Result<usize, VerbsError> {
         const BATCH: usize = 32;
-        // SAFETY: plain data, valid when all zero.
-        let mut wc: [ffi::ibv_wc; BATCH] = unsafe { std::mem::zeroed() };
+        let mut wc = [const { std::mem::MaybeUninit::<ffi::ibv_wc>::uninit() }; BATCH];
         let want = i32::try_from(max.min(BATCH)).unwrap_or(1);
-        // SAFETY: a live queue, and room for `want` completions.
-        let n = unsafe { ffi::ibv_poll_cq(self.cq.as_ptr(), want, wc.as_mut_ptr()) };
+        // SAFETY: a live queue, and room for `want` completions, which the call writes.
+        let n = unsafe { ffi::ibv_poll_cq(self.cq.as_ptr(), want, wc.as_mut_ptr().cast()) };
         if n < 0 {
             return Err(VerbsError::call("ibv_poll_cq", rc_error(-n)));
         }
-        let n = n as usize;
+        let n = (n as usize).min(BATCH);
         for w in &wc[..n] {
+            // SAFETY: the call wrote the first `n` completions.
+            let w = unsafe { w.assume_init_ref() };
             out.push(Completion {
                 wr_id: w.wr_id,
                 status: w.status,
@@ -759,8 +786,9 @@ impl Qp {
         Ok(())
     }
 
-    /// Posts one signalled UD send of `sges` to `to`; inline when `inline` (the bytes
-    /// are copied during the call, any memory will do).
+    /// Posts one UD send of `sges` to `to`; inline when `inline` (the bytes are copied
+    /// during the call, any memory will do); with a completion when `signaled` (an
+    /// error always makes one).
     ///
     /// # Safety
     /// Unless inline, the bytes must stay allocated, registered and unchanged until the
@@ -771,6 +799,7 @@ impl Qp {
         sges: &[Sge],
         to: UdDest<'_>,
         inline: bool,
+        signaled: bool,
     ) -> Result<(), VerbsError> {
         let mut list = [ffi::ibv_sge {
             addr: 0,
@@ -796,7 +825,9 @@ impl Qp {
         wr.sg_list = list.as_mut_ptr();
         wr.num_sge = sges.len() as i32;
         wr.opcode = ffi::ibv_wr_opcode::IBV_WR_SEND;
-        wr.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        if signaled {
+            wr.send_flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        }
         if inline {
             wr.send_flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
         }

@@ -6,7 +6,8 @@
 //! the device writes first, and are handed up in place and posted again once the
 //! reliability layer is done with them; sends of up to the device's inline limit are
 //! posted inline, larger ones are copied into a slot of a send pool. A peer costs an
-//! address handle, made on its first datagram and kept, and the reliability layer's state.
+//! address handle (shared by the ranks of its host), made on its first datagram and kept,
+//! and the reliability layer's state.
 //!
 //! The business card is `ud <gid, 32 hex digits> <queue pair number> <mtu>`. The device
 //! drops a datagram larger than the receiver's slots without a word and reports success,
@@ -51,8 +52,14 @@ const SEND_DEPTH: u32 = 128;
 const QKEY: u32 = 0x4e4d_5544;
 /// Bytes of the global route header in front of every received datagram.
 pub const GRH_LEN: usize = 40;
-/// A send's request number when it was inline (no slot to give back).
-const INLINE: u64 = u64::MAX;
+/// Pieces an inline send gathers at most.
+const MAX_PARTS: usize = 4;
+/// One send in this many asks for a completion: completions come in order on a queue
+/// pair, so one completion retires every send posted before it, and the device and the
+/// poller skip the others' work.
+const SIGNAL_EVERY: u64 = 16;
+/// In the posted list: a send that was inline (no slot to give back).
+const NO_SLOT: u32 = u32::MAX;
 
 /// How the `ud` netmod is set up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -211,10 +218,9 @@ fn choose_gid(
         }
         return Ok((i, g));
     }
-    let table: Vec<(u32, [u8; 16], bool)> = (0..gids)
-        .filter_map(|i| ctx.gid(port, i).ok().map(|(g, v2)| (i, g, v2)))
-        .filter(|(_, g, _)| *g != [0; 16])
-        .collect();
+    let mut table = ctx.gid_table(port, gids)?;
+    table.retain(|(_, g, _)| *g != [0; 16]);
+    table.sort_by_key(|e| e.0);
     let of_addr = match addr {
         IpAddr::V4(a) => mapped(a.octets()),
         IpAddr::V6(a) => a.octets(),
@@ -280,7 +286,8 @@ impl AsRef<[u8]> for UdRx {
 /// pools its requests name, the completion queue after the pair.
 pub struct UdEndpoint {
     qp: Qp,
-    ahs: HashMap<UdAddr, Ah>,
+    /// Address handles by GID: the ranks of one host share theirs.
+    ahs: HashMap<[u8; 16], Ah>,
     cq: Cq,
     recv: Arc<Region>,
     send: Region,
@@ -296,7 +303,11 @@ pub struct UdEndpoint {
     /// Bytes of one receive slot.
     slot: usize,
     free_send: Vec<u32>,
-    in_flight: u32,
+    /// Sends posted and not known to be complete, oldest first: their slots, or
+    /// [`NO_SLOT`].
+    posted: VecDeque<u32>,
+    /// Sends posted so far; a send's request number is its place in this count.
+    seq: u64,
     ready: VecDeque<Completion>,
     scratch: Vec<Completion>,
     /// A failure found where it could not be returned (re-posting in `release`).
@@ -310,7 +321,7 @@ impl fmt::Debug for UdEndpoint {
         f.debug_struct("UdEndpoint")
             .field("me", &self.me)
             .field("mtu", &self.mtu)
-            .field("peers", &self.ahs.len())
+            .field("hosts", &self.ahs.len())
             .finish_non_exhaustive()
     }
 }
@@ -357,6 +368,8 @@ impl UdEndpoint {
         let me = UdAddr { gid, qpn: qp.qpn() };
         let mut ep = Self {
             free_send: (0..qp.cap.send).rev().collect(),
+            posted: VecDeque::with_capacity(qp.cap.send as usize),
+            seq: 0,
             qp,
             ahs: HashMap::new(),
             cq,
@@ -374,8 +387,8 @@ impl UdEndpoint {
             ipv4: is_mapped(&gid),
             mtu,
             slot,
-            in_flight: 0,
-            ready: VecDeque::new(),
+            // Every posted slot may complete before the first is handed up.
+            ready: VecDeque::with_capacity(recv_depth as usize + 32),
             scratch: Vec::with_capacity(32),
             broken: None,
             epoch: Instant::now(),
@@ -399,8 +412,8 @@ impl UdEndpoint {
     }
 
     /// Sends posted and not yet completed.
-    pub fn sends_in_flight(&self) -> u32 {
-        self.in_flight
+    pub fn sends_in_flight(&self) -> usize {
+        self.posted.len()
     }
 
     fn post_slot(&mut self, s: u32) -> io::Result<()> {
@@ -433,25 +446,31 @@ impl UdEndpoint {
             if c.recv {
                 self.ready.push_back(c);
             } else {
-                self.in_flight = self.in_flight.saturating_sub(1);
-                if c.wr_id != INLINE
-                    && let Ok(s) = u32::try_from(c.wr_id)
-                {
-                    self.free_send.push(s);
+                // Send `wr_id` and every one before it are done. A failed UD send is a
+                // datagram lost on the way: the reliability layer resends it, and fails
+                // the peer if that lasts.
+                let first = self.seq - self.posted.len() as u64;
+                let done = c
+                    .wr_id
+                    .saturating_add(1)
+                    .saturating_sub(first)
+                    .min(self.posted.len() as u64);
+                for slot in self.posted.drain(..done as usize) {
+                    if slot != NO_SLOT {
+                        self.free_send.push(slot);
+                    }
                 }
-                // A failed UD send is a datagram lost on the way: the reliability layer
-                // resends it, and fails the peer if that lasts.
             }
         }
         Ok(n)
     }
 
-    /// Makes the address handle of `to` unless there is one; whether there is one now.
+    /// Makes the address handle of `to`'s GID unless there is one; whether there is one now.
     fn have_ah(&mut self, to: UdAddr) -> bool {
-        if !self.ahs.contains_key(&to) {
+        if !self.ahs.contains_key(&to.gid) {
             match Ah::new(&self.pd, self.port, self.sgid_index, to.gid) {
                 Ok(ah) => {
-                    self.ahs.insert(to, ah);
+                    self.ahs.insert(to.gid, ah);
                 }
                 Err(_) => return false,
             }
@@ -483,23 +502,29 @@ impl Datagram for UdEndpoint {
                 ),
             ));
         }
-        if self.in_flight >= self.qp.cap.send {
+        let room = self.qp.cap.send as usize;
+        if self.posted.len() >= room {
             self.reap()?;
-            if self.in_flight >= self.qp.cap.send {
+            if self.posted.len() >= room {
                 return Ok(false);
             }
         }
-        let inline = len <= self.qp.cap.inline as usize && parts.len() <= self.qp.cap.send_sge as usize;
-        let (wr_id, sges): (u64, Vec<Sge>) = if inline {
-            let s = parts
-                .iter()
-                .map(|p| Sge {
+        let inline = len <= self.qp.cap.inline as usize
+            && parts.len() <= (self.qp.cap.send_sge as usize).min(MAX_PARTS);
+        let mut sges = [Sge {
+            addr: std::ptr::null(),
+            len: 0,
+            lkey: 0,
+        }; MAX_PARTS];
+        let (posted_slot, count) = if inline {
+            for (s, p) in sges.iter_mut().zip(parts) {
+                *s = Sge {
                     addr: p.as_ptr(),
                     len: p.len() as u32,
                     lkey: 0,
-                })
-                .collect();
-            (INLINE, s)
+                };
+            }
+            (NO_SLOT, parts.len())
         } else {
             let Some(slot) = self.free_send.pop() else {
                 self.reap()?;
@@ -513,19 +538,17 @@ impl Datagram for UdEndpoint {
                 unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), self.send.ptr().add(base + at), p.len()) };
                 at += p.len();
             }
-            (
-                u64::from(slot),
-                vec![Sge {
-                    // SAFETY: inside the pool, as above.
-                    addr: unsafe { self.send.ptr().add(base) },
-                    len: len as u32,
-                    lkey: self.send.lkey(),
-                }],
-            )
+            sges[0] = Sge {
+                // SAFETY: inside the pool, as above.
+                addr: unsafe { self.send.ptr().add(base) },
+                len: len as u32,
+                lkey: self.send.lkey(),
+            };
+            (slot, 1)
         };
-        let slot = (wr_id != INLINE).then_some(wr_id as u32);
+        let slot = (posted_slot != NO_SLOT).then_some(posted_slot);
         let have = self.have_ah(to);
-        let Some(ah) = self.ahs.get(&to).filter(|_| have) else {
+        let Some(ah) = self.ahs.get(&to.gid).filter(|_| have) else {
             // No way to that GID: as good as lost; the timers fail the peer if it lasts.
             if let Some(s) = slot {
                 self.free_send.push(s);
@@ -537,13 +560,20 @@ impl Datagram for UdEndpoint {
             qpn: to.qpn,
             qkey: QKEY,
         };
+        let seq = self.seq;
+        // Signalled: every SIGNAL_EVERY-th send, one that fills the queue, and one that
+        // takes one of the last slots, so that room always comes back.
+        let signaled = seq % SIGNAL_EVERY == SIGNAL_EVERY - 1
+            || self.posted.len() + 1 >= room
+            || (slot.is_some() && self.free_send.len() < SIGNAL_EVERY as usize);
         // SAFETY: inline, the bytes are copied during the call; otherwise they are in
-        // a send slot that stays ours until the send's completion gives it back, and the
-        // pool outlives the pair.
-        let posted = unsafe { self.qp.post_send_ud(wr_id, &sges, dest, inline) };
+        // a send slot that stays ours until a completion at or after this send gives it
+        // back, and the pool outlives the pair.
+        let posted = unsafe { self.qp.post_send_ud(seq, &sges[..count], dest, inline, signaled) };
         match posted {
             Ok(()) => {
-                self.in_flight += 1;
+                self.posted.push_back(posted_slot);
+                self.seq += 1;
                 Ok(true)
             }
             Err(e) => {
@@ -646,9 +676,17 @@ impl Endpoint for UdEndpoint {
         }
         self.cq.arm().map_err(|e| io::Error::other(e.to_string()))?;
         // A completion that came before the arm raises no event: look once more.
-        let before = self.in_flight;
+        let before = self.posted.len();
         self.reap()?;
-        Ok(!self.ready.is_empty() || self.in_flight < before)
+        Ok(!self.ready.is_empty() || self.posted.len() < before)
+    }
+
+    fn look(&mut self) -> io::Result<Option<bool>> {
+        let before = self.posted.len();
+        if self.ready.is_empty() {
+            self.reap()?;
+        }
+        Ok(Some(!self.ready.is_empty() || self.posted.len() < before))
     }
 
     fn woken(&mut self) -> io::Result<()> {

@@ -422,7 +422,8 @@ struct LatencyArgs {
     #[arg(long, value_enum, default_value = "channel")]
     layer: LayerArg,
     /// Transports to compare, one pair of processes each, interleaved round by round:
-    /// shm, tcp, udp (the network ones with shared memory turned off, on loopback).
+    /// shm, tcp, udp, ud (the network ones with shared memory turned off; tcp and udp
+    /// on loopback; ud on the verbs device, in a build with the `verbs` feature).
     #[arg(long, value_delimiter = ',', value_parser = transport, default_value = "shm")]
     transport: Vec<Transport>,
 }
@@ -502,7 +503,8 @@ struct BwArgs {
     #[arg(long, value_enum, default_value = "p2p")]
     layer: LayerArg,
     /// Transports to compare, one pair of processes each, interleaved round by round:
-    /// shm, tcp, udp (the network ones with shared memory turned off, on loopback).
+    /// shm, tcp, udp, ud (the network ones with shared memory turned off; tcp and udp
+    /// on loopback; ud on the verbs device, in a build with the `verbs` feature).
     #[arg(long, value_delimiter = ',', value_parser = transport, default_value = "shm")]
     transport: Vec<Transport>,
     /// One receive buffer, as osu_bw's receiver has, instead of one per message of the
@@ -772,10 +774,16 @@ struct MemoryArgs {
     /// Rounds of messages the measured udp endpoint exchanges with each peer.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
     udp_rounds: u32,
+    /// Peer counts for the ud netmod's memory per peer, measured on the verbs device
+    /// (every netmod in this process; needs the `verbs` feature and a device); empty to
+    /// skip it.
+    #[arg(long, value_delimiter = ',', default_value = "",
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    ud_peers: Vec<u32>,
 }
 
 fn transport(s: &str) -> Result<Transport, String> {
-    Transport::from_name(s.trim()).ok_or_else(|| format!("{s:?} is not a transport (shm, tcp or udp)"))
+    Transport::from_name(s.trim()).ok_or_else(|| format!("{s:?} is not a transport (shm, tcp, udp or ud)"))
 }
 
 /// One pair per transport, pinned alike.
@@ -1297,7 +1305,60 @@ fn memory(a: &MemoryArgs, json: bool) -> Result<()> {
             );
         }
     }
-    udp_memory(a, json)
+    udp_memory(a, json)?;
+    ud_memory(a, json)
+}
+
+/// The memory the ud netmod keeps per peer, on the verbs device.
+#[cfg(not(feature = "verbs"))]
+fn ud_memory(a: &MemoryArgs, _json: bool) -> Result<()> {
+    if !a.ud_peers.is_empty() {
+        anyhow::bail!("--ud-peers: this nemesis-bench was built without the `verbs` feature");
+    }
+    Ok(())
+}
+
+/// The memory the ud netmod keeps per peer, from [`measure::ud_memory`].
+#[cfg(feature = "verbs")]
+fn ud_memory(a: &MemoryArgs, json: bool) -> Result<()> {
+    if a.ud_peers.is_empty() {
+        return Ok(());
+    }
+    let addr = nemesis::net::addr::choose(|k: &str| std::env::var(k).ok(), false)?;
+    if !json {
+        println!();
+        println!(
+            "# ud netmod on the verbs device: one netmod exchanges {} rounds of 100- and",
+            a.udp_rounds
+        );
+        println!("# 20000-byte messages with each peer (all in this process), then is dropped; per peer:");
+        println!("# what it gives back less an idle netmod's, Rust heap and the verbs library's C heap");
+        println!(
+            "# {:>5} {:>12} {:>14} {:>16}",
+            "peers", "idle B", "per peer B", "per peer C B"
+        );
+    }
+    for &peers in &a.ud_peers {
+        progress(&format!("ud memory with {peers} peers"));
+        let m = measure::ud_memory(peers, a.udp_rounds, addr, &counting::live)?;
+        progress_done();
+        if json {
+            Json::new("memory")
+                .s("transport", "ud")
+                .u("peers", u64::from(m.peers))
+                .u("messages_per_peer", m.messages_per_peer)
+                .u("idle_bytes", m.idle_bytes as u64)
+                .f("per_peer_bytes", m.per_peer_bytes)
+                .f("per_peer_c_bytes", m.per_peer_c_bytes)
+                .print();
+        } else {
+            println!(
+                "{:>7} {:>12} {:>14.1} {:>16.1}",
+                m.peers, m.idle_bytes, m.per_peer_bytes, m.per_peer_c_bytes
+            );
+        }
+    }
+    Ok(())
 }
 
 fn requests(a: &RequestsArgs, json: bool) -> Result<()> {

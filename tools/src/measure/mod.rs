@@ -15,6 +15,8 @@ mod pin;
 mod requests;
 mod ring;
 mod stats;
+#[cfg(feature = "verbs")]
+mod udmem;
 
 pub use clock::Clock;
 pub use coll::{COLL_ROWS, CollRound, collectives};
@@ -23,6 +25,8 @@ pub use pin::{allowed_cpus, pair_cpus, pin_to, set_cpus};
 pub use requests::{Api, RequestsRow, requests};
 pub use ring::Ring;
 pub use stats::Summary;
+#[cfg(feature = "verbs")]
+pub use udmem::{UdMemory, ud_memory};
 
 use crate::launch::server::process_mapping;
 use crate::launch::{Exit, Job, LaunchError, Pmi, Spec, Watch, new_kvsname};
@@ -69,11 +73,14 @@ pub enum Transport {
     Tcp,
     /// The udp netmod, shared memory turned off.
     Udp,
+    /// The ud netmod (InfiniBand verbs), shared memory turned off; needs a build with
+    /// the `verbs` feature.
+    Ud,
 }
 
 impl Transport {
     /// Every transport, by name.
-    pub const ALL: [Transport; 3] = [Transport::Shm, Transport::Tcp, Transport::Udp];
+    pub const ALL: [Transport; 4] = [Transport::Shm, Transport::Tcp, Transport::Udp, Transport::Ud];
 
     /// Its name, as in the JSON rows and `NEMESIS_NETMOD`.
     pub fn name(self) -> &'static str {
@@ -81,6 +88,7 @@ impl Transport {
             Transport::Shm => "shm",
             Transport::Tcp => "tcp",
             Transport::Udp => "udp",
+            Transport::Ud => "ud",
         }
     }
 
