@@ -43,6 +43,13 @@ cargo test --locked -p nemesis-net --features verbs --test verbs --no-run
 CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$runner" \
     cargo test --locked -p nemesis-net --features verbs --test verbs -- --test-threads=1
 
+echo "verbs-test: past the memory-lock limit as an unprivileged user, a clear error"
+bin=$(cargo test --locked -p nemesis-net --features verbs --test verbs --no-run --message-format=json |
+    grep -o '"executable":"[^"]*"' | cut -d'"' -f4)
+"$tool/run.sh" --timeout 300 --rw "$PWD/target" -- \
+    setpriv --reuid=65534 --regid=65534 --clear-groups -- env NEM_TEST_MEMLOCK=1 \
+    bash -c 'ulimit -l 8192 && exec "$0" --exact registration_past_the_memory_lock_limit_names_ulimit' "$bin"
+
 echo "verbs-test: jobs over ud (stress test, examples) in the Soft-RoCE VM"
 # Built here first: cargo inside the emulated VM is slow.
 cargo build --locked -p nemesis-tools --bin nemesis-run

@@ -59,3 +59,24 @@ const UD: Kind = Kind {
 };
 
 netmod_suite!(ud, super::UD);
+
+/// Run by `scripts/verbs-test.sh` as an unprivileged user under a small memory-lock
+/// limit (`NEM_TEST_MEMLOCK=1`): registering more than the limit is refused with an
+/// error that says what to do.
+#[test]
+fn registration_past_the_memory_lock_limit_names_ulimit() {
+    if std::env::var_os("NEM_TEST_MEMLOCK").is_none() || !here() {
+        return;
+    }
+    let cfg = UdConfig {
+        recv_depth: 65536,
+        ..UdConfig::default()
+    };
+    match UdEndpoint::open(&cfg, addr()) {
+        Err(e @ nemesis_net::verbs::VerbsError::MemLock { .. }) => {
+            let msg = e.to_string();
+            assert!(msg.contains("ulimit -l"), "{msg}");
+        }
+        other => panic!("expected a memory-lock error, got {other:?}"),
+    }
+}
