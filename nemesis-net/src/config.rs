@@ -7,7 +7,7 @@ use crate::NetError;
 use std::time::Duration;
 
 /// Which netmod reaches peers on other nodes: `tcp` (the default), `udp`, or with the
-/// `verbs` feature `ud`.
+/// `verbs` feature `ud` or `rc`.
 pub const NETMOD_VAR: &str = "NEMESIS_NETMOD";
 /// Seconds a peer may leave us without an answer (a connection that does not come up,
 /// or data and probes that stay unacknowledged) before it counts as failed.
@@ -20,9 +20,9 @@ pub const DEFAULT_NET_TIMEOUT: Duration = Duration::from_secs(10);
 pub const NETMODS: &[&str] = &["tcp", "udp"];
 /// The netmods this build offers, by their `NEMESIS_NETMOD` names.
 #[cfg(feature = "verbs")]
-pub const NETMODS: &[&str] = &["tcp", "udp", "ud"];
+pub const NETMODS: &[&str] = &["tcp", "udp", "ud", "rc"];
 /// The verbs netmods, offered by builds with the `verbs` feature.
-pub const VERBS_NETMODS: &[&str] = &["ud"];
+pub const VERBS_NETMODS: &[&str] = &["ud", "rc"];
 
 /// Why `name` is no netmod of this build.
 pub fn unknown_netmod(name: &str) -> String {

@@ -206,6 +206,12 @@ pub fn open(
             cards,
             verbs::ud::UdConfig::from_lookup(get)?,
         )?)),
+        #[cfg(feature = "verbs")]
+        "rc" => Ok(Box::new(verbs::rc::RcNetmod::new(
+            id,
+            cards,
+            verbs::rc::RcConfig::from_lookup(get)?,
+        )?)),
         other => Err(NetError::Config {
             var: config::NETMOD_VAR,
             value: other.into(),
@@ -225,6 +231,8 @@ pub fn check_config(get: &dyn Fn(&str) -> Option<String>) -> Result<(), NetError
     udp::UdpConfig::from_lookup(get)?;
     #[cfg(feature = "verbs")]
     verbs::ud::UdConfig::from_lookup(get)?;
+    #[cfg(feature = "verbs")]
+    verbs::rc::RcConfig::from_lookup(get)?;
     addr::choose(get, true)?;
     Ok(())
 }

@@ -8,7 +8,7 @@
 mod suite;
 
 use nemesis_net::reliable::Datagram;
-use nemesis_net::verbs::ud::{UdConfig, UdEndpoint, decode_card};
+use nemesis_net::verbs::ud::{UdConfig, UdEndpoint, decode_card_as};
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 use suite::Kind;
@@ -37,9 +37,11 @@ fn addr() -> IpAddr {
         .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
 }
 
-/// Sends `junk` as one datagram from a queue pair of no job.
-fn inject_ud(card: &[u8], junk: &[u8]) {
-    let (to, _) = decode_card(1, card).unwrap();
+/// Sends `junk` as one datagram from a queue pair of no job to the UD endpoint a ud or
+/// rc card names (rc's takes connection requests).
+fn inject(card: &[u8], junk: &[u8]) {
+    let name = if card.starts_with(b"rc ") { "rc" } else { "ud" };
+    let (to, _) = decode_card_as(name, 1, card).unwrap();
     let mut ep = UdEndpoint::open(&UdConfig::default(), addr()).unwrap();
     assert!(ep.send_to(&[junk], to).unwrap());
     // Most sends ask for no completion: give the device time to send it before the
@@ -54,11 +56,20 @@ const UD: Kind = Kind {
     name: "ud",
     addr,
     here,
-    inject: inject_ud,
+    inject,
+    vars: &[],
+};
+
+const RC: Kind = Kind {
+    name: "rc",
+    addr,
+    here,
+    inject,
     vars: &[],
 };
 
 netmod_suite!(ud, super::UD);
+netmod_suite!(rc, super::RC);
 
 /// Run by `scripts/verbs-test.sh` as an unprivileged user under a small memory-lock
 /// limit (`NEM_TEST_MEMLOCK=1`): registering more than the limit is refused with an

@@ -1,4 +1,4 @@
-//! InfiniBand verbs (and RoCE, and Soft-RoCE): the `ud` netmod.
+//! InfiniBand verbs (and RoCE, and Soft-RoCE): the `ud` and `rc` netmods.
 //!
 //! Built only with the `verbs` feature. The library is opened at run time, so a binary
 //! built with the feature starts on any machine and reports [`VerbsError::Unavailable`]
@@ -7,6 +7,8 @@
 //! - [`raw`]: every raw verbs call, each behind a small safe type.
 //! - [`ud`]: one UD queue pair for every peer, as a [`crate::dgram::Endpoint`], so the
 //!   `ud` netmod is [`crate::reliable`] over it, the same code as `udp`.
+//! - [`rc`]: one RC queue pair per peer, connected on first contact through a UD
+//!   endpoint, one shared receive queue; the device's own reliability.
 //!
 //! Variables (every rank must use the same values):
 //!
@@ -18,6 +20,7 @@
 //!   IPv4 address, else (InfiniBand) index 0.
 
 pub mod raw;
+pub mod rc;
 pub mod ud;
 
 use crate::NetError;

@@ -487,6 +487,8 @@ pub struct Completion {
     pub byte_len: u32,
     /// The sending queue pair (UD receives).
     pub src_qp: u32,
+    /// Our queue pair it belongs to (receives through a shared receive queue).
+    pub qp_num: u32,
     /// Whether a GRH precedes the data (UD receives).
     pub grh: bool,
 }
@@ -560,6 +562,7 @@ impl Cq {
                 recv: w.opcode & ffi::ibv_wc_opcode::IBV_WC_RECV != 0,
                 byte_len: w.byte_len,
                 src_qp: w.src_qp,
+                qp_num: w.qp_num,
                 grh: w.wc_flags & ffi::ibv_wc_flags::IBV_WC_GRH.0 != 0,
             });
         }
@@ -686,7 +689,7 @@ impl Qp {
     /// # Errors
     /// The device refused the pair or a state change.
     pub fn ud(pd: &Arc<Pd>, cq: &Cq, cap: QpCap, port: u8, qkey: u32) -> Result<Self, VerbsError> {
-        let qp = Self::create(pd, cq, cap, ffi::ibv_qp_type::IBV_QPT_UD)?;
+        let qp = Self::create(pd, cq, None, cap, ffi::ibv_qp_type::IBV_QPT_UD)?;
         use ffi::ibv_qp_attr_mask as m;
         // SAFETY: plain data, valid when all zero.
         let mut a: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
@@ -706,11 +709,92 @@ impl Qp {
         Ok(qp)
     }
 
-    fn create(pd: &Arc<Pd>, cq: &Cq, cap: QpCap, ty: ffi::ibv_qp_type::Type) -> Result<Self, VerbsError> {
+    /// An RC queue pair on `cq`, receiving through `srq`, in INIT on `port` with every
+    /// remote access allowed; [`Qp::connect`] brings it to RTS.
+    ///
+    /// # Errors
+    /// The device refused the pair or the state change.
+    pub fn rc(pd: &Arc<Pd>, cq: &Cq, srq: &Srq, cap: QpCap, port: u8) -> Result<Self, VerbsError> {
+        let qp = Self::create(pd, cq, Some(srq), cap, ffi::ibv_qp_type::IBV_QPT_RC)?;
+        use ffi::ibv_access_flags as acc;
+        use ffi::ibv_qp_attr_mask as m;
+        // SAFETY: plain data, valid when all zero.
+        let mut a: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ffi::ibv_qp_state::IBV_QPS_INIT;
+        a.pkey_index = 0;
+        a.port_num = port;
+        a.qp_access_flags = acc::IBV_ACCESS_LOCAL_WRITE.0
+            | acc::IBV_ACCESS_REMOTE_WRITE.0
+            | acc::IBV_ACCESS_REMOTE_READ.0
+            | acc::IBV_ACCESS_REMOTE_ATOMIC.0;
+        qp.modify(
+            &mut a,
+            m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_ACCESS_FLAGS,
+        )?;
+        Ok(qp)
+    }
+
+    /// Brings an RC pair from INIT to RTS, connected to `to`. The timeouts make a dead
+    /// peer an error completion in about half a second (`timeout` 14, `retry_cnt` 6:
+    /// on rxe 0 and 7 mean "retry forever"); a receiver out of buffers is retried
+    /// without end (`rnr_retry` 7), as it is alive.
+    ///
+    /// # Errors
+    /// The device refused a state change.
+    pub fn connect(&self, to: RcPath) -> Result<(), VerbsError> {
+        use ffi::ibv_qp_attr_mask as m;
+        // SAFETY: plain data, valid when all zero.
+        let mut a: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ffi::ibv_qp_state::IBV_QPS_RTR;
+        a.path_mtu = mtu_enum(to.mtu);
+        a.dest_qp_num = to.qpn;
+        a.rq_psn = to.their_psn;
+        a.max_dest_rd_atomic = 16;
+        a.min_rnr_timer = 12;
+        a.ah_attr.is_global = 1;
+        a.ah_attr.grh.dgid = ffi::ibv_gid { raw: to.gid };
+        a.ah_attr.grh.sgid_index = to.sgid_index;
+        a.ah_attr.grh.hop_limit = 64;
+        a.ah_attr.port_num = to.port;
+        self.modify(
+            &mut a,
+            m::IBV_QP_STATE
+                | m::IBV_QP_AV
+                | m::IBV_QP_PATH_MTU
+                | m::IBV_QP_DEST_QPN
+                | m::IBV_QP_RQ_PSN
+                | m::IBV_QP_MAX_DEST_RD_ATOMIC
+                | m::IBV_QP_MIN_RNR_TIMER,
+        )?;
+        a.qp_state = ffi::ibv_qp_state::IBV_QPS_RTS;
+        a.sq_psn = to.our_psn;
+        a.timeout = 14;
+        a.retry_cnt = 6;
+        a.rnr_retry = 7;
+        a.max_rd_atomic = 16;
+        self.modify(
+            &mut a,
+            m::IBV_QP_STATE
+                | m::IBV_QP_SQ_PSN
+                | m::IBV_QP_TIMEOUT
+                | m::IBV_QP_RETRY_CNT
+                | m::IBV_QP_RNR_RETRY
+                | m::IBV_QP_MAX_QP_RD_ATOMIC,
+        )
+    }
+
+    fn create(
+        pd: &Arc<Pd>,
+        cq: &Cq,
+        srq: Option<&Srq>,
+        cap: QpCap,
+        ty: ffi::ibv_qp_type::Type,
+    ) -> Result<Self, VerbsError> {
         // SAFETY: plain data, valid when all zero.
         let mut init: ffi::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         init.send_cq = cq.as_ptr();
         init.recv_cq = cq.as_ptr();
+        init.srq = srq.map_or(ptr::null_mut(), |s| s.srq.as_ptr());
         init.qp_type = ty;
         init.cap.max_send_wr = cap.send;
         init.cap.max_recv_wr = cap.recv;
@@ -786,18 +870,18 @@ impl Qp {
         Ok(())
     }
 
-    /// Posts one UD send of `sges` to `to`; inline when `inline` (the bytes are copied
-    /// during the call, any memory will do); with a completion when `signaled` (an
-    /// error always makes one).
+    /// Posts one send of `sges`, to `to` on a UD pair (`None` on a connected one);
+    /// inline when `inline` (the bytes are copied during the call, any memory will do);
+    /// with a completion when `signaled` (an error always makes one).
     ///
     /// # Safety
     /// Unless inline, the bytes must stay allocated, registered and unchanged until the
     /// send completes or the pair is destroyed.
-    pub unsafe fn post_send_ud(
+    pub unsafe fn post_send(
         &mut self,
         wr_id: u64,
         sges: &[Sge],
-        to: UdDest<'_>,
+        to: Option<UdDest<'_>>,
         inline: bool,
         signaled: bool,
     ) -> Result<(), VerbsError> {
@@ -831,11 +915,13 @@ impl Qp {
         if inline {
             wr.send_flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
         }
-        wr.wr.ud = ffi::ud_t {
-            ah: to.ah.ah.as_ptr(),
-            remote_qpn: to.qpn,
-            remote_qkey: to.qkey,
-        };
+        if let Some(to) = to {
+            wr.wr.ud = ffi::ud_t {
+                ah: to.ah.ah.as_ptr(),
+                remote_qpn: to.qpn,
+                remote_qkey: to.qkey,
+            };
+        }
         let mut bad = ptr::null_mut();
         // SAFETY: a live pair and address handle; the request and list are read during
         // the call; the caller keeps the bytes as the contract says.
@@ -852,6 +938,110 @@ impl Drop for Qp {
         // SAFETY: a live pair, destroyed once; what its requests named is freed only
         // after this (its owner keeps the pair before the memory).
         unsafe { ffi::ibv_destroy_qp(self.qp.as_ptr()) };
+    }
+}
+
+/// Where an RC pair connects to, and the packet numbers each side starts from.
+#[derive(Debug, Clone, Copy)]
+pub struct RcPath {
+    /// The peer's pair.
+    pub qpn: u32,
+    /// The peer's port GID.
+    pub gid: [u8; 16],
+    /// Our GID's index and port.
+    pub sgid_index: u8,
+    /// Our port.
+    pub port: u8,
+    /// The path MTU in bytes (256 to 4096).
+    pub mtu: usize,
+    /// The first packet number we send, and the first the peer sends.
+    pub our_psn: u32,
+    /// See `our_psn`.
+    pub their_psn: u32,
+}
+
+/// An `ibv_mtu` for a size in bytes (the largest not above it).
+fn mtu_enum(bytes: usize) -> ffi::ibv_mtu::Type {
+    match bytes {
+        4096.. => ffi::ibv_mtu::IBV_MTU_4096,
+        2048.. => ffi::ibv_mtu::IBV_MTU_2048,
+        1024.. => ffi::ibv_mtu::IBV_MTU_1024,
+        512.. => ffi::ibv_mtu::IBV_MTU_512,
+        _ => ffi::ibv_mtu::IBV_MTU_256,
+    }
+}
+
+/// A shared receive queue: one ring of receives for every RC pair.
+#[derive(Debug)]
+pub struct Srq {
+    srq: NonNull<ffi::ibv_srq>,
+    /// Receives it holds at most.
+    pub depth: u32,
+    _pd: Arc<Pd>,
+}
+
+// SAFETY: as for Context; posting needs `&mut self`.
+unsafe impl Send for Srq {}
+
+impl Srq {
+    /// A queue of `depth` receives on `pd`.
+    ///
+    /// # Errors
+    /// The device refused it.
+    pub fn new(pd: &Arc<Pd>, depth: u32) -> Result<Self, VerbsError> {
+        // SAFETY: plain data, valid when all zero.
+        let mut init: ffi::ibv_srq_init_attr = unsafe { std::mem::zeroed() };
+        init.attr.max_wr = depth;
+        init.attr.max_sge = 1;
+        // SAFETY: a live domain and attribute struct; `attr` is written back.
+        let srq = unsafe { ffi::ibv_create_srq(pd.pd.as_ptr(), &mut init) };
+        let srq = NonNull::new(srq).ok_or_else(|| VerbsError::call("ibv_create_srq", errno()))?;
+        Ok(Self {
+            srq,
+            depth: init.attr.max_wr.max(1),
+            _pd: Arc::clone(pd),
+        })
+    }
+
+    /// Posts one receive of `len` bytes at `addr` of a region with key `lkey`.
+    ///
+    /// # Safety
+    /// As for [`Qp::post_recv`]: the bytes must stay allocated, registered and
+    /// untouched until the receive completes or the queue is destroyed.
+    pub unsafe fn post_recv(
+        &mut self,
+        wr_id: u64,
+        addr: *mut u8,
+        len: u32,
+        lkey: u32,
+    ) -> Result<(), VerbsError> {
+        let mut sge = ffi::ibv_sge {
+            addr: addr as u64,
+            length: len,
+            lkey,
+        };
+        let mut wr = ffi::ibv_recv_wr {
+            wr_id,
+            next: ptr::null_mut(),
+            sg_list: &mut sge,
+            num_sge: 1,
+        };
+        let mut bad = ptr::null_mut();
+        // SAFETY: a live queue; the request is read during the call; the caller keeps
+        // the bytes as the contract says.
+        let rc = unsafe { ffi::ibv_post_srq_recv(self.srq.as_ptr(), &mut wr, &mut bad) };
+        if rc != 0 {
+            return Err(VerbsError::call("ibv_post_srq_recv", rc_error(rc)));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Srq {
+    fn drop(&mut self) {
+        // SAFETY: a live queue, destroyed once, after the pairs that use it (their
+        // owner keeps them before it).
+        unsafe { ffi::ibv_destroy_srq(self.srq.as_ptr()) };
     }
 }
 

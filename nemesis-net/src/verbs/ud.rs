@@ -145,7 +145,7 @@ fn gid_parse(s: &str) -> Option<[u8; 16]> {
 
 /// Encodes a business card.
 pub fn encode_card(addr: UdAddr, mtu: usize) -> Vec<u8> {
-    format!("ud {} {} {mtu}", gid_text(&addr.gid), addr.qpn).into_bytes()
+    encode_card_as("ud", addr, mtu)
 }
 
 /// Decodes rank `rank`'s business card.
@@ -153,14 +153,30 @@ pub fn encode_card(addr: UdAddr, mtu: usize) -> Vec<u8> {
 /// # Errors
 /// [`NetError::BadCard`] saying what is wrong.
 pub fn decode_card(rank: u32, card: &[u8]) -> Result<(UdAddr, usize), NetError> {
+    decode_card_as("ud", rank, card)
+}
+
+/// A card of the verbs netmod `netmod`: its UD endpoint's address and MTU.
+pub fn encode_card_as(netmod: &str, addr: UdAddr, mtu: usize) -> Vec<u8> {
+    format!("{netmod} {} {} {mtu}", gid_text(&addr.gid), addr.qpn).into_bytes()
+}
+
+/// Decodes rank `rank`'s card of the verbs netmod `netmod`.
+///
+/// # Errors
+/// [`NetError::BadCard`] saying what is wrong.
+pub fn decode_card_as(netmod: &str, rank: u32, card: &[u8]) -> Result<(UdAddr, usize), NetError> {
     let bad = |reason: &str| NetError::BadCard {
         rank,
         reason: reason.into(),
     };
     let s = std::str::from_utf8(card).map_err(|_| bad("not text"))?;
     let mut it = s.split_ascii_whitespace();
-    if it.next() != Some("ud") {
-        return Err(bad("not a ud card (another netmod's?)"));
+    if it.next() != Some(netmod) {
+        return Err(NetError::BadCard {
+            rank,
+            reason: format!("not a {netmod} card (another netmod's?)"),
+        });
     }
     let gid = it
         .next()
@@ -411,6 +427,16 @@ impl UdEndpoint {
         self.mtu
     }
 
+    /// The index of our GID on the port.
+    pub fn gid_index(&self) -> u8 {
+        self.sgid_index
+    }
+
+    /// The port.
+    pub fn port(&self) -> u8 {
+        self.port
+    }
+
     /// Sends posted and not yet completed.
     pub fn sends_in_flight(&self) -> usize {
         self.posted.len()
@@ -569,7 +595,10 @@ impl Datagram for UdEndpoint {
         // SAFETY: inline, the bytes are copied during the call; otherwise they are in
         // a send slot that stays ours until a completion at or after this send gives it
         // back, and the pool outlives the pair.
-        let posted = unsafe { self.qp.post_send_ud(seq, &sges[..count], dest, inline, signaled) };
+        let posted = unsafe {
+            self.qp
+                .post_send(seq, &sges[..count], Some(dest), inline, signaled)
+        };
         match posted {
             Ok(()) => {
                 self.posted.push_back(posted_slot);

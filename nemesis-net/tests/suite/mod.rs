@@ -93,6 +93,21 @@ fn poll_all(nms: &mut [Box<dyn Netmod>], got: &mut [Got], live: &[bool]) -> usiz
     any
 }
 
+/// Sends one packet, polling every netmod (collecting what arrives) while the answer is
+/// "again": a netmod may need its peer to poll before it takes anything (rc connects).
+fn send_now(nms: &mut [Box<dyn Netmod>], got: &mut [Got], from: usize, to: u32, env: &Envelope, data: &[u8]) {
+    let live = vec![true; nms.len()];
+    let end = Instant::now() + Duration::from_secs(30);
+    while nms[from].send(to, env, &[data]).unwrap() != Accept::Sent {
+        assert!(
+            Instant::now() < end,
+            "{}: a send was never taken",
+            nms[from].name()
+        );
+        poll_all(nms, got, &live);
+    }
+}
+
 /// Sends every planned `(from, to, envelope, payload)` in order per sender, scattered
 /// into `pieces` slices, polling all the while, until everything planned has arrived.
 fn exchange(kind: &Kind, nms: &mut [Box<dyn Netmod>], plan: &[Planned], pieces: usize) -> Vec<Got> {
@@ -326,16 +341,14 @@ pub fn back_pressure_takes_nothing_on_again(kind: &Kind) {
 /// reports it as gone, and sends to it fail.
 pub fn goodbye(kind: &Kind) {
     let mut nms = job(kind, 2, &[]);
-    let mut sent = 0u64;
-    while sent < 10 {
-        if nms[0].send(1, &[sent, 0], &[&payload(sent, 3000)]).unwrap() == Accept::Sent {
-            sent += 1;
-        }
-        nms[0].poll(&mut |_, _, _| {}).unwrap();
+    let mut early: Vec<Got> = vec![Vec::new(), Vec::new()];
+    let sent = 10u64;
+    for i in 0..sent {
+        send_now(&mut nms, &mut early, 0, 1, &[i, 0], &payload(i, 3000));
     }
     let mut leaver = nms.remove(0);
     let mut stayer = nms.remove(0);
-    let mut got = Vec::new();
+    let mut got = std::mem::take(&mut early[1]);
     // The leaver shuts down on a thread while the peer polls, as two processes would.
     let t = std::thread::spawn(move || {
         leaver.shutdown(Duration::from_secs(20));
@@ -384,7 +397,7 @@ pub fn a_dead_peer_is_reported_within_the_bound(kind: &Kind) {
     let mut nms = job(kind, 2, &[("NEMESIS_NET_TIMEOUT", "1")]);
     let mut got: Vec<Got> = vec![Vec::new(), Vec::new()];
     // Talk first, so that both know each other.
-    while nms[0].send(1, &[1, 0], &[b"hello"]).unwrap() != Accept::Sent {}
+    send_now(&mut nms, &mut got, 0, 1, &[1, 0], b"hello");
     let end = Instant::now() + Duration::from_secs(30);
     while got[1].is_empty() {
         assert!(Instant::now() < end, "{}: nothing arrived", kind.name);
@@ -465,8 +478,9 @@ pub fn the_wait_descriptor_is_readable_when_a_packet_waits_and_not_when_nothing_
     {
         let mut nms = job(kind, 2, &[]);
         // Make contact both ways, then let everything settle.
-        while nms[0].send(1, &[1, 0], &[b"hello"]).unwrap() != Accept::Sent {}
-        let mut got = 0;
+        let mut early: Vec<Got> = vec![Vec::new(), Vec::new()];
+        send_now(&mut nms, &mut early, 0, 1, &[1, 0], b"hello");
+        let mut got = early[1].len();
         let (a, b) = nms.split_at_mut(1);
         let end = Instant::now() + Duration::from_secs(10);
         while got == 0 {
