@@ -62,5 +62,9 @@ NEM_TEST_PREBUILT=1 CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$runner" \
 # The link loses, duplicates and reorders datagrams: the reliability layer must repair it.
 netem='delay 1ms loss 5% duplicate 1% reorder 10%'
 echo "verbs-test: a job across two Soft-RoCE VMs over ud (hello, ring, stress test), link: $netem"
-VERBS_JOB_BIN=$bin "$tool/run2.sh" --netem "$netem" --timeout 600 --rw "$PWD/target" -- \
+VERBS_NETMOD=ud VERBS_JOB_BIN=$bin "$tool/run2.sh" --netem "$netem" --timeout 600 --rw "$PWD/target" -- \
+    scripts/verbs-two-vm.sh -- scripts/verbs-two-vm.sh
+# rc on a clean link: rxe's RC across the VMs retransmits already (see rxe-vm's README).
+echo "verbs-test: a job across two Soft-RoCE VMs over rc (hello, ring, stress test)"
+VERBS_NETMOD=rc VERBS_JOB_BIN=$bin "$tool/run2.sh" --timeout 600 --rw "$PWD/target" -- \
     scripts/verbs-two-vm.sh -- scripts/verbs-two-vm.sh

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Runs in both Soft-RoCE VMs of rxe-vm's run2.sh (scripts/verbs-test.sh starts it): one
-# nemesis job across the two VMs, two ranks in each, shared memory within a VM and ud
-# between them: hello, ring, and the two-sided stress test (the test binary in
-# $VERBS_JOB_BIN). VM A starts the jobs with nemesis-run; VM B serves their launches.
+# nemesis job across the two VMs, two ranks in each, shared memory within a VM and the
+# verbs netmod $VERBS_NETMOD (ud or rc) between them: hello, ring, and the two-sided
+# stress test (the test binary in $VERBS_JOB_BIN). VM A starts the jobs with nemesis-run;
+# VM B serves their launches.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export NEMESIS_NETMOD=ud NEM_TEST_CHILD=1 STRESS_SEED=31 STRESS_ROUNDS=8
+netmod=${VERBS_NETMOD:-ud}
+export NEMESIS_NETMOD=$netmod NEM_TEST_CHILD=1 STRESS_SEED=31 STRESS_ROUNDS=8
 if [ "$RXE_VM_ROLE" = B ]; then
     exec scripts/vm-launcher.sh --serve
 fi
@@ -24,7 +26,7 @@ expect() {
         echo "verbs-two-vm: $what: $n ranks should say \"$line\", $said did" >&2
         exit 1
     fi
-    echo "verbs-two-vm: $what across two VMs over ud: ok"
+    echo "verbs-two-vm: $what across two VMs over $netmod: ok"
 }
 
 out=$(job target/debug/examples/hello)

@@ -1,5 +1,5 @@
 //! Jobs over the verbs netmods: the randomised two-sided stress test and the examples,
-//! every rank reaching every other through `ud`. They need a verbs device:
+//! every rank reaching every other through `ud`, then through `rc`. They need a verbs device:
 //! `scripts/verbs-test.sh` runs this binary inside the Soft-RoCE VM. Elsewhere each test
 //! returns at once saying why, except inside that VM (`RXE_VM` set), where a missing
 //! device is a failure.
@@ -31,40 +31,51 @@ fn device() -> bool {
     }
 }
 
-/// `nemesis-run -n N` of `prog` with every peer behind ud.
-fn over_ud(n: u32, dir: &std::path::Path) -> std::process::Command {
+/// The verbs netmods.
+const NETMODS: [&str; 2] = ["ud", "rc"];
+
+/// `nemesis-run -n N` of `prog` with every peer behind `netmod`.
+fn over(netmod: &str, n: u32, dir: &std::path::Path) -> std::process::Command {
     let mut c = std::process::Command::new(nemesis_run());
     c.args(["-n", &n.to_string(), "--timeout", "300", "--"])
         .env("NEMESIS_SHM_DIR", dir)
         .env("NEMESIS_NO_SHM", "1")
-        .env("NEMESIS_NETMOD", "ud");
+        .env("NEMESIS_NETMOD", netmod);
     c
 }
 
 #[test]
-fn stress_over_ud() {
+fn stress_over_each_verbs_netmod() {
     if !device() {
         return;
     }
-    let dir = shm_dir("verbs-stress");
-    let o = over_ud(4, &dir)
-        .env("NEM_TEST_CHILD", "1")
-        .env("STRESS_SEED", "29")
-        .env("STRESS_ROUNDS", "20")
-        .args(child_args("stress"))
-        .output()
-        .unwrap();
-    assert_ranks_said(&o, "messages checked", 4, "ud");
-    assert!(leftovers(&dir).is_empty());
+    for netmod in NETMODS {
+        let dir = shm_dir(&format!("verbs-stress-{netmod}"));
+        let o = over(netmod, 4, &dir)
+            .env("NEM_TEST_CHILD", "1")
+            .env("STRESS_SEED", "29")
+            .env("STRESS_ROUNDS", "20")
+            .args(child_args("stress"))
+            .output()
+            .unwrap();
+        assert_ranks_said(&o, "messages checked", 4, netmod);
+        assert!(leftovers(&dir).is_empty());
+    }
 }
 
 #[test]
-fn examples_over_ud() {
+fn examples_over_each_verbs_netmod() {
     if !device() {
         return;
     }
-    let dir = shm_dir("verbs-examples");
-    let o = over_ud(3, &dir).arg(example("hello")).output().unwrap();
+    for netmod in NETMODS {
+        examples_over(netmod);
+    }
+}
+
+fn examples_over(netmod: &str) {
+    let dir = shm_dir(&format!("verbs-examples-{netmod}"));
+    let o = over(netmod, 3, &dir).arg(example("hello")).output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(
         String::from_utf8_lossy(&o.stdout).matches("via net").count(),
@@ -72,7 +83,7 @@ fn examples_over_ud() {
         "{}",
         text(&o)
     );
-    let o = over_ud(3, &dir)
+    let o = over(netmod, 3, &dir)
         .args([example("ring").as_os_str(), "200".as_ref()])
         .output()
         .unwrap();
@@ -81,7 +92,7 @@ fn examples_over_ud() {
         "{}",
         text(&o)
     );
-    let o = over_ud(4, &dir)
+    let o = over(netmod, 4, &dir)
         .args([
             example("halo").as_os_str(),
             "--iters".as_ref(),
@@ -97,12 +108,12 @@ fn examples_over_ud() {
 fn a_build_without_verbs_names_the_feature_and_a_bad_device_is_named() {
     // This build has the feature: ud is offered, and a device that is not there is an
     // error naming the variable.
-    assert!(nemesis::net::config::NETMODS.contains(&"ud"));
+    assert!(NETMODS.iter().all(|n| nemesis::net::config::NETMODS.contains(n)));
     if !device() {
         return;
     }
     let dir = shm_dir("verbs-baddev");
-    let o = over_ud(2, &dir)
+    let o = over("ud", 2, &dir)
         .env("NEMESIS_VERBS_DEVICE", "nosuchdev0")
         .arg(example("hello"))
         .output()

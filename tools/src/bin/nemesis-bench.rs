@@ -422,8 +422,9 @@ struct LatencyArgs {
     #[arg(long, value_enum, default_value = "channel")]
     layer: LayerArg,
     /// Transports to compare, one pair of processes each, interleaved round by round:
-    /// shm, tcp, udp, ud (the network ones with shared memory turned off; tcp and udp
-    /// on loopback; ud on the verbs device, in a build with the `verbs` feature).
+    /// shm, tcp, udp, ud, rc (the network ones with shared memory turned off; tcp and
+    /// udp on loopback; ud and rc on the verbs device, in a build with the `verbs`
+    /// feature).
     #[arg(long, value_delimiter = ',', value_parser = transport, default_value = "shm")]
     transport: Vec<Transport>,
 }
@@ -503,8 +504,9 @@ struct BwArgs {
     #[arg(long, value_enum, default_value = "p2p")]
     layer: LayerArg,
     /// Transports to compare, one pair of processes each, interleaved round by round:
-    /// shm, tcp, udp, ud (the network ones with shared memory turned off; tcp and udp
-    /// on loopback; ud on the verbs device, in a build with the `verbs` feature).
+    /// shm, tcp, udp, ud, rc (the network ones with shared memory turned off; tcp and
+    /// udp on loopback; ud and rc on the verbs device, in a build with the `verbs`
+    /// feature).
     #[arg(long, value_delimiter = ',', value_parser = transport, default_value = "shm")]
     transport: Vec<Transport>,
     /// One receive buffer, as osu_bw's receiver has, instead of one per message of the
@@ -783,7 +785,8 @@ struct MemoryArgs {
 }
 
 fn transport(s: &str) -> Result<Transport, String> {
-    Transport::from_name(s.trim()).ok_or_else(|| format!("{s:?} is not a transport (shm, tcp, udp or ud)"))
+    Transport::from_name(s.trim())
+        .ok_or_else(|| format!("{s:?} is not a transport (shm, tcp, udp, ud or rc)"))
 }
 
 /// One pair per transport, pinned alike.

@@ -76,11 +76,19 @@ pub enum Transport {
     /// The ud netmod (InfiniBand verbs), shared memory turned off; needs a build with
     /// the `verbs` feature.
     Ud,
+    /// The rc netmod (InfiniBand verbs), likewise.
+    Rc,
 }
 
 impl Transport {
     /// Every transport, by name.
-    pub const ALL: [Transport; 4] = [Transport::Shm, Transport::Tcp, Transport::Udp, Transport::Ud];
+    pub const ALL: [Transport; 5] = [
+        Transport::Shm,
+        Transport::Tcp,
+        Transport::Udp,
+        Transport::Ud,
+        Transport::Rc,
+    ];
 
     /// Its name, as in the JSON rows and `NEMESIS_NETMOD`.
     pub fn name(self) -> &'static str {
@@ -89,6 +97,7 @@ impl Transport {
             Transport::Tcp => "tcp",
             Transport::Udp => "udp",
             Transport::Ud => "ud",
+            Transport::Rc => "rc",
         }
     }
 
