@@ -27,7 +27,6 @@ mod iov;
 pub mod local;
 pub mod pipe;
 pub mod policy;
-pub mod rdma;
 mod stream;
 
 pub use local::LocalLmt;

@@ -32,6 +32,7 @@ pub mod config;
 pub mod dgram;
 mod drops;
 pub mod gate;
+pub mod rdma;
 pub mod reliable;
 pub mod sim;
 pub mod sys;
@@ -41,7 +42,7 @@ pub mod udp;
 pub mod verbs;
 
 pub use drops::{DropReason, Drops};
-pub use nemesis_lmt::rdma::Rdma;
+pub use rdma::Rdma;
 
 use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
