@@ -91,3 +91,133 @@ fn registration_past_the_memory_lock_limit_names_ulimit() {
         other => panic!("expected a memory-lock error, got {other:?}"),
     }
 }
+
+/// rc's RDMA: a get and a put between two ranks' registered buffers, and the device's
+/// atomics on a word of one; a wrong key fails the operation, with the status named.
+#[test]
+fn rc_reads_writes_and_atomics_through_the_rdma_hook() {
+    use nemesis_net::rdma::{Remote, Seg};
+    if !here() {
+        return;
+    }
+    let mut nms = suite::job(&RC, 2, &[]);
+    // Connect: one packet, each side polling.
+    let end = Instant::now() + Duration::from_secs(30);
+    let mut arrived = 0;
+    while nms[0].send(1, &[0, 0], &[b"hello"]).unwrap() != nemesis_net::Accept::Sent {
+        assert!(Instant::now() < end, "never connected");
+        for m in &mut nms {
+            m.poll(&mut |_, _, _| {}).unwrap();
+        }
+    }
+    while arrived == 0 {
+        assert!(Instant::now() < end, "the packet never came");
+        nms[0].poll(&mut |_, _, _| {}).unwrap();
+        arrived += nms[1].poll(&mut |_, _, _| {}).unwrap();
+    }
+    let (a, b) = nms.split_at_mut(1);
+    let (a, b) = (
+        a[0].rdma().expect("rc offers RDMA"),
+        b[0].rdma().expect("rc offers RDMA"),
+    );
+
+    let mut theirs: Vec<u64> = (0..8192).map(|i| i * 3).collect();
+    let their_bytes = theirs.len() * 8;
+    let treg = b
+        .register(Seg {
+            ptr: theirs.as_mut_ptr().cast(),
+            len: their_bytes,
+        })
+        .unwrap();
+    let remote = Remote::decode(1, &treg.remote.encode()).unwrap();
+    let mut mine = vec![0u64; 8192];
+    let mreg = a
+        .register(Seg {
+            ptr: mine.as_mut_ptr().cast(),
+            len: their_bytes,
+        })
+        .unwrap();
+    let mine_seg = Seg {
+        ptr: mine.as_mut_ptr().cast(),
+        len: their_bytes,
+    };
+    let wait = |r: &mut dyn nemesis_net::Rdma, op| {
+        let end = Instant::now() + Duration::from_secs(30);
+        while !r.test(op).unwrap() {
+            assert!(Instant::now() < end, "an RDMA operation never completed");
+        }
+    };
+    // SAFETY: `mine` is registered, live and untouched until the get completes.
+    let op = unsafe { a.get(1, mine_seg, &mreg, remote) }.unwrap();
+    wait(&mut *a, op);
+    assert!(
+        mine.iter().enumerate().all(|(i, &v)| v == i as u64 * 3),
+        "the get moved the wrong bytes"
+    );
+
+    for v in mine.iter_mut() {
+        *v = 7;
+    }
+    // SAFETY: as above, for the put.
+    let op = unsafe { a.put(1, mine_seg, &mreg, remote) }.unwrap();
+    wait(&mut *a, op);
+    // SAFETY: the device wrote `theirs`; the write completed, so reading it is ordered
+    // after (the pointer read keeps the compiler from assuming it unchanged).
+    let seen: Vec<u64> = (0..theirs.len())
+        .map(|i| unsafe { theirs.as_ptr().add(i).read_volatile() })
+        .collect();
+    assert!(seen.iter().all(|&v| v == 7), "the put did not land");
+
+    let word = Seg {
+        ptr: mine.as_mut_ptr().cast(),
+        len: 8,
+    };
+    let at = |i: u64| Remote {
+        addr: remote.addr + 8 * i,
+        len: 8,
+        ..remote
+    };
+    // SAFETY: `mine[0]` is registered and unused until each operation completes.
+    let op = unsafe { a.fetch_add(1, word, &mreg, at(5), 10) }.unwrap();
+    wait(&mut *a, op);
+    assert_eq!(mine[0], 7, "fetch-and-add returns the old value");
+    // SAFETY: as above.
+    let op = unsafe { a.compare_swap(1, word, &mreg, at(5), 17, 99) }.unwrap();
+    wait(&mut *a, op);
+    assert_eq!(mine[0], 17, "compare-and-swap returns the old value");
+    // SAFETY: as above.
+    let op = unsafe { a.compare_swap(1, word, &mreg, at(5), 17, 1) }.unwrap();
+    wait(&mut *a, op);
+    assert_eq!(mine[0], 99, "a failed compare leaves the word");
+    // SAFETY: reading the device's writes after their completion.
+    assert_eq!(unsafe { theirs.as_ptr().add(5).read_volatile() }, 99);
+    // A misaligned word is refused before anything is posted.
+    let odd = Remote {
+        addr: remote.addr + 4,
+        ..at(0)
+    };
+    // SAFETY: nothing is posted.
+    let refused = unsafe { a.fetch_add(1, word, &mreg, odd, 1) };
+    assert!(refused.is_err());
+
+    // A wrong key: the operation fails, named, and so does the connection.
+    let bad = Remote {
+        rkey: remote.rkey ^ 0x5a5a,
+        ..remote
+    };
+    // SAFETY: as for the get.
+    let op = unsafe { a.get(1, mine_seg, &mreg, bad) }.unwrap();
+    let end = Instant::now() + Duration::from_secs(30);
+    let err = loop {
+        assert!(Instant::now() < end, "a get with a wrong key never failed");
+        match a.test(op) {
+            Ok(false) => {}
+            Ok(true) => panic!("a get with a wrong key succeeded"),
+            Err(e) => break e,
+        }
+    };
+    assert!(err.to_string().contains("rank 1"), "{err}");
+    a.deregister(&mreg);
+    b.deregister(&treg);
+    drop(theirs);
+}

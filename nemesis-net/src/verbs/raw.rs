@@ -412,6 +412,88 @@ impl Drop for Region {
     }
 }
 
+/// A registration of memory the caller owns (a user's buffer), for RDMA: local and
+/// remote reads, writes and atomics. Deregistered on drop.
+#[derive(Debug)]
+pub struct Mr {
+    mr: NonNull<ffi::ibv_mr>,
+    _pd: Arc<Pd>,
+}
+
+// SAFETY: a registration handle; the library locks internally.
+unsafe impl Send for Mr {}
+
+impl Mr {
+    /// Registers `len` bytes at `ptr`.
+    ///
+    /// # Safety
+    /// The bytes must stay allocated until the registration is dropped and every
+    /// operation naming it has completed.
+    ///
+    /// # Errors
+    /// The registration was refused; past the memory-lock limit that is
+    /// [`VerbsError::MemLock`].
+    pub unsafe fn new(pd: &Arc<Pd>, ptr: *mut u8, len: usize) -> Result<Self, VerbsError> {
+        use ffi::ibv_access_flags as acc;
+        let access = acc::IBV_ACCESS_LOCAL_WRITE.0
+            | acc::IBV_ACCESS_REMOTE_WRITE.0
+            | acc::IBV_ACCESS_REMOTE_READ.0
+            | acc::IBV_ACCESS_REMOTE_ATOMIC.0;
+        // SAFETY: a live domain; the caller keeps the bytes as the contract says.
+        let mr = unsafe { ffi::ibv_reg_mr(pd.pd.as_ptr(), ptr.cast(), len.max(1), access as i32) };
+        match NonNull::new(mr) {
+            Some(mr) => Ok(Self {
+                mr,
+                _pd: Arc::clone(pd),
+            }),
+            None => {
+                let e = errno();
+                Err(if matches!(e.raw_os_error(), Some(libc::ENOMEM | libc::EPERM)) {
+                    VerbsError::MemLock {
+                        bytes: len,
+                        source: e,
+                    }
+                } else {
+                    VerbsError::call("ibv_reg_mr", e)
+                })
+            }
+        }
+    }
+
+    /// The local key.
+    pub fn lkey(&self) -> u32 {
+        // SAFETY: a live registration; the key does not change.
+        unsafe { (*self.mr.as_ptr()).lkey }
+    }
+
+    /// The remote key.
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: as above.
+        unsafe { (*self.mr.as_ptr()).rkey }
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        // SAFETY: a live registration, deregistered once.
+        unsafe { ffi::ibv_dereg_mr(self.mr.as_ptr()) };
+    }
+}
+
+/// A one-sided operation on a connected pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OneSided {
+    /// Read the remote bytes into the local ones.
+    Read,
+    /// Write the local bytes into the remote ones.
+    Write,
+    /// Add to the remote 8-byte word; its old value lands locally.
+    FetchAdd(u64),
+    /// Swap the remote word for the second value if it equals the first; its old value
+    /// lands locally.
+    CompareSwap(u64, u64),
+}
+
 /// A completion channel: the descriptor a waiter sleeps on.
 #[derive(Debug)]
 pub struct Channel {
@@ -866,6 +948,73 @@ impl Qp {
         let rc = unsafe { ffi::ibv_post_recv(self.qp.as_ptr(), &mut wr, &mut bad) };
         if rc != 0 {
             return Err(VerbsError::call("ibv_post_recv", rc_error(rc)));
+        }
+        Ok(())
+    }
+
+    /// Posts one signalled one-sided operation between `local` and `remote_addr` of the
+    /// peer's registration `rkey`.
+    ///
+    /// # Safety
+    /// `local` must lie in a registration and stay valid (for writing, unless a
+    /// [`OneSided::Write`]) and unused until the operation completes.
+    ///
+    /// # Errors
+    /// The queue refused it.
+    pub unsafe fn post_one_sided(
+        &mut self,
+        wr_id: u64,
+        op: OneSided,
+        local: Sge,
+        remote_addr: u64,
+        rkey: u32,
+    ) -> Result<(), VerbsError> {
+        let mut sge = ffi::ibv_sge {
+            addr: local.addr as u64,
+            length: local.len,
+            lkey: local.lkey,
+        };
+        // SAFETY: plain data (pointers may be null), valid when all zero.
+        let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        wr.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        use ffi::ibv_wr_opcode as o;
+        match op {
+            OneSided::Read | OneSided::Write => {
+                wr.opcode = if op == OneSided::Read {
+                    o::IBV_WR_RDMA_READ
+                } else {
+                    o::IBV_WR_RDMA_WRITE
+                };
+                wr.wr.rdma = ffi::rdma_t { remote_addr, rkey };
+            }
+            OneSided::FetchAdd(add) => {
+                wr.opcode = o::IBV_WR_ATOMIC_FETCH_AND_ADD;
+                wr.wr.atomic = ffi::atomic_t {
+                    remote_addr,
+                    compare_add: add,
+                    swap: 0,
+                    rkey,
+                };
+            }
+            OneSided::CompareSwap(compare, swap) => {
+                wr.opcode = o::IBV_WR_ATOMIC_CMP_AND_SWP;
+                wr.wr.atomic = ffi::atomic_t {
+                    remote_addr,
+                    compare_add: compare,
+                    swap,
+                    rkey,
+                };
+            }
+        }
+        let mut bad = ptr::null_mut();
+        // SAFETY: a live pair; the request and its element are read during the call;
+        // the caller keeps the local bytes as the contract says.
+        let rc = unsafe { ffi::ibv_post_send(self.qp.as_ptr(), &mut wr, &mut bad) };
+        if rc != 0 {
+            return Err(VerbsError::call("ibv_post_send", rc_error(rc)));
         }
         Ok(())
     }

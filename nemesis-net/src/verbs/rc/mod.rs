@@ -29,7 +29,9 @@
 //! - `NEMESIS_RC_RECV_DEPTH` ([`RECV_DEPTH_VAR`]): slots in the shared receive ring,
 //!   16 to 65536, default 256.
 
-use super::raw::{Channel, Completion, Context, Cq, Pd, Qp, QpCap, RcPath, Region, Sge, Srq};
+mod rdma;
+
+use super::raw::{Channel, Completion, Context, Cq, Mr, Pd, Qp, QpCap, RcPath, Region, Sge, Srq};
 use super::ud::{UdAddr, UdConfig, UdEndpoint, decode_card_as, encode_card_as};
 use super::{DEVICE_VAR, GID_INDEX_VAR, PORT_VAR, VerbsError};
 use crate::auth::JobKey;
@@ -187,6 +189,11 @@ pub struct RcNetmod {
     timeout: Duration,
     /// Peers `check_peer` wants looked at in the next poll (it has only `&self`).
     asks: Cell<Vec<u32>>,
+    /// RDMA: registrations by handle, and one-sided operations posted (`None`) or done.
+    regs: HashMap<u64, Mr>,
+    next_reg: u64,
+    ops: HashMap<u64, Option<Result<(), String>>>,
+    atomics: bool,
     card: Vec<u8>,
     closing: bool,
     shut: bool,
@@ -283,6 +290,10 @@ impl RcNetmod {
             inline,
             timeout: cfg.timeout,
             asks: Cell::new(Vec::new()),
+            regs: HashMap::new(),
+            next_reg: 0,
+            ops: HashMap::new(),
+            atomics: dev.atomics,
             closing: false,
             shut: false,
             stats: NetStats::default(),
@@ -516,10 +527,13 @@ impl RcNetmod {
                     self.free_send.push(s);
                 }
             }
-            if let Some(status) = failed
+            if let Some(status) = &failed
                 && matches!(p.link, Link::Up)
             {
                 p.link = Link::Failed(format!("a send to it failed: {status}"));
+            }
+            if let Some(op) = self.ops.get_mut(&c.wr_id) {
+                *op = Some(failed.map_or(Ok(()), Err));
             }
             return Ok(0);
         }
@@ -956,6 +970,10 @@ impl Netmod for RcNetmod {
 
     fn stats(&self) -> NetStats {
         self.stats.clone()
+    }
+
+    fn rdma(&mut self) -> Option<&mut dyn crate::Rdma> {
+        Some(self)
     }
 }
 
