@@ -40,6 +40,7 @@ pub mod tcp;
 pub mod udp;
 #[cfg(feature = "verbs")]
 pub mod verbs;
+pub mod verbs_wire;
 
 pub use drops::{DropReason, Drops};
 pub use rdma::Rdma;

@@ -8,7 +8,8 @@
 mod suite;
 
 use nemesis_net::reliable::Datagram;
-use nemesis_net::verbs::ud::{UdConfig, UdEndpoint, decode_card_as};
+use nemesis_net::verbs::ud::{UdConfig, UdEndpoint};
+use nemesis_net::verbs_wire::decode_card_as;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 use suite::Kind;

@@ -29,6 +29,7 @@ use super::raw::{Ah, Channel, Completion, Context, Cq, Pd, Qp, QpCap, Region, Sg
 use super::{GID_INDEX_VAR, PORT_VAR, VerbsError};
 use crate::dgram::{DgramNetmod, Endpoint};
 use crate::reliable::{Datagram, Reliable, ReliableConfig};
+use crate::verbs_wire::{UdAddr, encode_card, is_mapped, mapped};
 use crate::{Cards, Identity, NetError, config};
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -113,103 +114,7 @@ impl UdConfig {
     }
 }
 
-/// Where a UD datagram goes to or comes from: a port's GID and a queue pair.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct UdAddr {
-    /// The port's GID.
-    pub gid: [u8; 16],
-    /// The queue pair's number.
-    pub qpn: u32,
-}
-
-impl fmt::Debug for UdAddr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{:#x}", gid_text(&self.gid), self.qpn)
-    }
-}
-
-fn gid_text(g: &[u8; 16]) -> String {
-    g.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn gid_parse(s: &str) -> Option<[u8; 16]> {
-    if s.len() != 32 || !s.is_ascii() {
-        return None;
-    }
-    let mut g = [0u8; 16];
-    for (i, b) in g.iter_mut().enumerate() {
-        *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(g)
-}
-
-/// Encodes a business card.
-pub fn encode_card(addr: UdAddr, mtu: usize) -> Vec<u8> {
-    encode_card_as("ud", addr, mtu)
-}
-
-/// Decodes rank `rank`'s business card.
-///
-/// # Errors
-/// [`NetError::BadCard`] saying what is wrong.
-pub fn decode_card(rank: u32, card: &[u8]) -> Result<(UdAddr, usize), NetError> {
-    decode_card_as("ud", rank, card)
-}
-
-/// A card of the verbs netmod `netmod`: its UD endpoint's address and MTU.
-pub fn encode_card_as(netmod: &str, addr: UdAddr, mtu: usize) -> Vec<u8> {
-    format!("{netmod} {} {} {mtu}", gid_text(&addr.gid), addr.qpn).into_bytes()
-}
-
-/// Decodes rank `rank`'s card of the verbs netmod `netmod`.
-///
-/// # Errors
-/// [`NetError::BadCard`] saying what is wrong.
-pub fn decode_card_as(netmod: &str, rank: u32, card: &[u8]) -> Result<(UdAddr, usize), NetError> {
-    let bad = |reason: &str| NetError::BadCard {
-        rank,
-        reason: reason.into(),
-    };
-    let s = std::str::from_utf8(card).map_err(|_| bad("not text"))?;
-    let mut it = s.split_ascii_whitespace();
-    if it.next() != Some(netmod) {
-        return Err(NetError::BadCard {
-            rank,
-            reason: format!("not a {netmod} card (another netmod's?)"),
-        });
-    }
-    let gid = it
-        .next()
-        .and_then(gid_parse)
-        .ok_or_else(|| bad("no GID of 32 hex digits"))?;
-    let qpn = it
-        .next()
-        .and_then(|q| q.parse::<u32>().ok())
-        .filter(|q| *q < 1 << 24)
-        .ok_or_else(|| bad("no queue pair number"))?;
-    let mtu = it
-        .next()
-        .and_then(|m| m.parse::<usize>().ok())
-        .filter(|m| (256..=4096).contains(m))
-        .ok_or_else(|| bad("no MTU of 256 to 4096"))?;
-    if it.next().is_some() {
-        return Err(bad("trailing words"));
-    }
-    Ok((UdAddr { gid, qpn }, mtu))
-}
-
-/// The GID of an IPv4 address as RoCE v2 maps it: `::ffff:a.b.c.d`.
-fn mapped(ip: [u8; 4]) -> [u8; 16] {
-    let mut g = [0u8; 16];
-    g[10] = 0xff;
-    g[11] = 0xff;
-    g[12..].copy_from_slice(&ip);
-    g
-}
-
-fn is_mapped(g: &[u8; 16]) -> bool {
-    g[..10] == [0; 10] && g[10..12] == [0xff, 0xff]
-}
+pub use crate::verbs_wire::decode_card;
 
 /// Chooses the GID: the one asked for, the one of the job's address, the first RoCE v2
 /// one that maps an IPv4 address, or (InfiniBand) the first.
@@ -757,36 +662,6 @@ impl DgramNetmod<UdEndpoint> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cards_round_trip_and_bad_ones_are_refused() {
-        let a = UdAddr {
-            gid: mapped([10, 77, 0, 1]),
-            qpn: 0x11,
-        };
-        let c = encode_card(a, 1024);
-        assert_eq!(
-            std::str::from_utf8(&c).unwrap(),
-            "ud 00000000000000000000ffff0a4d0001 17 1024"
-        );
-        assert_eq!(decode_card(3, &c).unwrap(), (a, 1024));
-        for bad in [
-            &b""[..],
-            b"udp 127.0.0.1:5",
-            b"ud 0000 17 1024",
-            b"ud 00000000000000000000ffff0a4d0001 x 1024",
-            b"ud 00000000000000000000ffff0a4d0001 16777216 1024",
-            b"ud 00000000000000000000ffff0a4d0001 17 100",
-            b"ud 00000000000000000000ffff0a4d0001 17 1024 more",
-            b"ud 0000000000000000000\xffffff0a4d0001 17 1024",
-        ] {
-            assert!(
-                matches!(decode_card(3, bad), Err(NetError::BadCard { rank: 3, .. })),
-                "{:?}",
-                String::from_utf8_lossy(bad)
-            );
-        }
-    }
 
     #[test]
     fn config_from_variables() {

@@ -32,12 +32,16 @@
 mod rdma;
 
 use super::raw::{Channel, Completion, Context, Cq, Mr, Pd, Qp, QpCap, RcPath, Region, Sge, Srq};
-use super::ud::{UdAddr, UdConfig, UdEndpoint, decode_card_as, encode_card_as};
+use super::ud::{UdConfig, UdEndpoint};
 use super::{DEVICE_VAR, GID_INDEX_VAR, PORT_VAR, VerbsError};
 use crate::auth::JobKey;
 use crate::dgram::Endpoint;
 use crate::reliable::Datagram;
 use crate::sys::Epoll;
+use crate::verbs_wire::{
+    HEADER_LEN, KIND_BYE, KIND_DATA, KIND_PING, Request, RequestKind, UdAddr, decode_card_as, decode_packet,
+    encode_card_as, encode_header,
+};
 use crate::{Accept, Cards, DropReason, Envelope, Identity, NetError, NetStats, Netmod, WaitHint, config};
 use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
@@ -55,24 +59,12 @@ pub const RECV_DEPTH_VAR: &str = "NEMESIS_RC_RECV_DEPTH";
 pub const DEFAULT_EAGER: usize = 8 << 10;
 /// Default of [`RECV_DEPTH_VAR`].
 pub const DEFAULT_RECV_DEPTH: u32 = 256;
-/// Bytes of a packet's header: envelope, length, kind.
-pub const HEADER_LEN: usize = 24;
 /// Registered send slots, every peer together.
 const SEND_SLOTS: u32 = 128;
 /// Sends in flight on one pair at most.
 const SEND_DEPTH: u32 = 64;
 /// How often a connection request is sent again while unanswered.
 const RECONNECT: Duration = Duration::from_millis(50);
-
-const KIND_DATA: u32 = 0;
-const KIND_BYE: u32 = 1;
-const KIND_PING: u32 = 2;
-
-/// Connection requests: "NR", kind, then ranks, pair, packet number and token.
-const CTL_MAGIC: [u8; 2] = *b"NR";
-const CTL_CONNECT: u8 = 1;
-const CTL_ACCEPT: u8 = 2;
-const CTL_LEN: usize = 32;
 
 /// How the `rc` netmod is set up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -348,18 +340,19 @@ impl RcNetmod {
 
     /// Sends a connection message to `rank`; a transport with no room now is retried by
     /// the timer.
-    fn send_ctl(&mut self, kind: u8, rank: u32) -> io::Result<()> {
+    fn send_ctl(&mut self, kind: RequestKind, rank: u32) -> io::Result<()> {
         let Some(p) = self.peers[rank as usize].as_deref() else {
             return Ok(());
         };
-        let mut m = [0u8; CTL_LEN];
-        m[0..2].copy_from_slice(&CTL_MAGIC);
-        m[2] = kind;
-        m[4..8].copy_from_slice(&self.me.to_le_bytes());
-        m[8..12].copy_from_slice(&rank.to_le_bytes());
-        m[12..16].copy_from_slice(&p.qp.qpn().to_le_bytes());
-        m[16..20].copy_from_slice(&p.psn.to_le_bytes());
-        m[20..28].copy_from_slice(&self.key.token(self.me, rank).to_le_bytes());
+        let m = Request {
+            kind,
+            src: self.me,
+            dst: rank,
+            qpn: p.qp.qpn(),
+            psn: p.psn,
+            token: self.key.token(self.me, rank),
+        }
+        .encode();
         let to = p.ctl;
         self.ctl.send_to(&[&m], to).map(drop)
     }
@@ -392,21 +385,20 @@ impl RcNetmod {
     /// Takes one connection message.
     fn on_ctl(&mut self, d: &[u8], from: UdAddr) -> io::Result<()> {
         use DropReason::*;
-        if d.len() != CTL_LEN {
-            self.note(Truncated, format_args!("{} bytes from {from:?}", d.len()));
-            return Ok(());
-        }
-        if d[0..2] != CTL_MAGIC
-            || !matches!(d[2], CTL_CONNECT | CTL_ACCEPT)
-            || d[3] != 0
-            || d[28..32] != [0; 4]
-        {
-            self.note(BadMagic, format_args!("from {from:?}"));
-            return Ok(());
-        }
-        let word = |at: usize| u32::from_le_bytes([d[at], d[at + 1], d[at + 2], d[at + 3]]);
-        let (src, dst, qpn, psn) = (word(4), word(8), word(12), word(16));
-        let token = u64::from_le_bytes(d[20..28].try_into().unwrap_or([0; 8]));
+        let Request {
+            kind,
+            src,
+            dst,
+            qpn,
+            psn,
+            token,
+        } = match Request::decode(d) {
+            Ok(r) => r,
+            Err(why) => {
+                self.note(why, format_args!("{} bytes from {from:?}", d.len()));
+                return Ok(());
+            }
+        };
         if src >= self.size || src == self.me || dst != self.me {
             self.note(BadRank, format_args!("{src} -> {dst} from {from:?}"));
             return Ok(());
@@ -447,8 +439,8 @@ impl RcNetmod {
             }
             _ => return Ok(()),
         }
-        if d[2] == CTL_CONNECT {
-            self.send_ctl(CTL_ACCEPT, src)?;
+        if kind == RequestKind::Connect {
+            self.send_ctl(RequestKind::Accept, src)?;
         }
         Ok(())
     }
@@ -496,7 +488,7 @@ impl RcNetmod {
                     ));
                 } else if now.duration_since(sent) >= RECONNECT && !self.closing {
                     p.link = Link::Connecting { since, sent: now };
-                    self.send_ctl(CTL_CONNECT, rank)?;
+                    self.send_ctl(RequestKind::Connect, rank)?;
                 }
             }
         }
@@ -552,7 +544,7 @@ impl RcNetmod {
             // SAFETY: the slot lies inside the region and is not posted until below, so
             // the device does not write it while this slice lives.
             let d = unsafe { std::slice::from_raw_parts(self.recv.ptr().add(off), len) };
-            match parse(d) {
+            match decode_packet(d) {
                 Some((env, KIND_DATA, payload)) => {
                     sink(rank, &env, payload);
                     got = 1;
@@ -596,11 +588,7 @@ impl RcNetmod {
     /// Posts a packet to an connected peer; `Ok(false)`: no room now.
     fn post(&mut self, rank: u32, kind: u32, env: &Envelope, payload: &[&[u8]]) -> io::Result<bool> {
         let len: usize = payload.iter().map(|p| p.len()).sum();
-        let mut head = [0u8; HEADER_LEN];
-        head[0..8].copy_from_slice(&env[0].to_le_bytes());
-        head[8..16].copy_from_slice(&env[1].to_le_bytes());
-        head[16..20].copy_from_slice(&(len as u32).to_le_bytes());
-        head[20..24].copy_from_slice(&kind.to_le_bytes());
+        let head = encode_header(env, len as u32, kind);
         let total = HEADER_LEN + len;
         let full = |p: &Peer| p.posted.len() >= SEND_DEPTH as usize;
         if self.peers[rank as usize].as_deref().is_none_or(full) {
@@ -720,20 +708,6 @@ impl RcNetmod {
             .map_err(|e| NetError::io("rc: events", verbs_io(e)))?;
         self.ctl.woken().map_err(|e| NetError::io("rc: events", e))
     }
-}
-
-/// A packet's envelope, kind and payload, if its header is sound.
-fn parse(d: &[u8]) -> Option<(Envelope, u32, &[u8])> {
-    let h = d.get(..HEADER_LEN)?;
-    let w64 = |at: usize| u64::from_le_bytes(h[at..at + 8].try_into().unwrap_or([0; 8]));
-    let w32 = |at: usize| u32::from_le_bytes(h[at..at + 4].try_into().unwrap_or([0; 4]));
-    let (len, kind) = (w32(16) as usize, w32(20));
-    let payload = d.get(HEADER_LEN..)?;
-    (payload.len() == len && kind <= KIND_PING && (kind == KIND_DATA || len == 0)).then_some((
-        [w64(0), w64(8)],
-        kind,
-        payload,
-    ))
 }
 
 fn qp_cap() -> QpCap {
@@ -980,26 +954,6 @@ impl Netmod for RcNetmod {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn headers_are_checked() {
-        let mut d = vec![0u8; HEADER_LEN + 3];
-        d[0] = 7;
-        d[16] = 3;
-        d[HEADER_LEN..].copy_from_slice(b"abc");
-        assert_eq!(parse(&d), Some(([7, 0], KIND_DATA, &b"abc"[..])));
-        // A length that disagrees, an unknown kind, a goodbye with data, a stub.
-        let mut bad = d.clone();
-        bad[16] = 4;
-        assert_eq!(parse(&bad), None);
-        let mut bad = d.clone();
-        bad[20] = 9;
-        assert_eq!(parse(&bad), None);
-        let mut bad = d.clone();
-        bad[20] = KIND_BYE as u8;
-        assert_eq!(parse(&bad), None);
-        assert_eq!(parse(&d[..10]), None);
-    }
 
     #[test]
     fn config_from_variables() {
