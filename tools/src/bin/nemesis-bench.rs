@@ -782,6 +782,10 @@ struct MemoryArgs {
     #[arg(long, value_delimiter = ',', default_value = "",
           value_parser = clap::value_parser!(u32).range(1..=1024))]
     ud_peers: Vec<u32>,
+    /// The same for the rc netmod.
+    #[arg(long, value_delimiter = ',', default_value = "",
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    rc_peers: Vec<u32>,
 }
 
 fn transport(s: &str) -> Result<Transport, String> {
@@ -1315,8 +1319,8 @@ fn memory(a: &MemoryArgs, json: bool) -> Result<()> {
 /// The memory the ud netmod keeps per peer, on the verbs device.
 #[cfg(not(feature = "verbs"))]
 fn ud_memory(a: &MemoryArgs, _json: bool) -> Result<()> {
-    if !a.ud_peers.is_empty() {
-        anyhow::bail!("--ud-peers: this nemesis-bench was built without the `verbs` feature");
+    if !a.ud_peers.is_empty() || !a.rc_peers.is_empty() {
+        anyhow::bail!("--ud-peers, --rc-peers: this nemesis-bench was built without the `verbs` feature");
     }
     Ok(())
 }
@@ -1324,30 +1328,39 @@ fn ud_memory(a: &MemoryArgs, _json: bool) -> Result<()> {
 /// The memory the ud netmod keeps per peer, from [`measure::ud_memory`].
 #[cfg(feature = "verbs")]
 fn ud_memory(a: &MemoryArgs, json: bool) -> Result<()> {
-    if a.ud_peers.is_empty() {
+    if a.ud_peers.is_empty() && a.rc_peers.is_empty() {
         return Ok(());
     }
     let addr = nemesis::net::addr::choose(|k: &str| std::env::var(k).ok(), false)?;
     if !json {
         println!();
         println!(
-            "# ud netmod on the verbs device: one netmod exchanges {} rounds of 100- and",
+            "# verbs netmods on the device: one netmod exchanges {} rounds of 100- and",
             a.udp_rounds
         );
-        println!("# 20000-byte messages with each peer (all in this process), then is dropped; per peer:");
-        println!("# what it gives back less an idle netmod's, Rust heap and the verbs library's C heap");
         println!(
-            "# {:>5} {:>12} {:>14} {:>16}",
-            "peers", "idle B", "per peer B", "per peer C B"
+            "# 20000-byte (rc: 8168-byte) messages with each peer, all in this process, then is dropped;"
+        );
+        println!(
+            "# per peer: what it gives back less an idle netmod's, Rust heap and the verbs library's C heap"
+        );
+        println!(
+            "# {:>7} {:>5} {:>12} {:>14} {:>16}",
+            "netmod", "peers", "idle B", "per peer B", "per peer C B"
         );
     }
-    for &peers in &a.ud_peers {
-        progress(&format!("ud memory with {peers} peers"));
-        let m = measure::ud_memory(peers, a.udp_rounds, addr, &counting::live)?;
+    let runs = a
+        .ud_peers
+        .iter()
+        .map(|&p| ("ud", p))
+        .chain(a.rc_peers.iter().map(|&p| ("rc", p)));
+    for (netmod, peers) in runs {
+        progress(&format!("{netmod} memory with {peers} peers"));
+        let m = measure::ud_memory(netmod, peers, a.udp_rounds, addr, &counting::live)?;
         progress_done();
         if json {
             Json::new("memory")
-                .s("transport", "ud")
+                .s("transport", m.netmod)
                 .u("peers", u64::from(m.peers))
                 .u("messages_per_peer", m.messages_per_peer)
                 .u("idle_bytes", m.idle_bytes as u64)
@@ -1356,8 +1369,8 @@ fn ud_memory(a: &MemoryArgs, json: bool) -> Result<()> {
                 .print();
         } else {
             println!(
-                "{:>7} {:>12} {:>14.1} {:>16.1}",
-                m.peers, m.idle_bytes, m.per_peer_bytes, m.per_peer_c_bytes
+                "{:>9} {:>5} {:>12} {:>14.1} {:>16.1}",
+                m.netmod, m.peers, m.idle_bytes, m.per_peer_bytes, m.per_peer_c_bytes
             );
         }
     }

@@ -1,12 +1,13 @@
-//! How much memory the ud netmod keeps per peer, measured on a real verbs device: one
-//! netmod of a job exchanges messages with every other, each in this process, and once
-//! everything is acknowledged it is dropped; what it gives back, less what a netmod of
-//! the same job that talked to no one holds, is what its peers cost.
+//! How much memory a verbs netmod (ud or rc) keeps per peer, measured on a real verbs
+//! device: one netmod of a job exchanges messages with every other, each in this
+//! process, and once everything is acknowledged it is dropped; what it gives back, less
+//! what a netmod of the same job that talked to no one holds, is what its peers cost.
 //!
 //! Two heaps are weighed: Rust's, through the caller's count of live bytes (the
 //! reliability layer's peer state, the address-handle cache), and the C heap through
 //! `mallinfo2` (what the verbs library and its provider allocate: an address handle per
-//! peer). The device's own memory (queue pairs, the kernel's objects) is neither.
+//! peer, rc's queue pairs). Queue memory the kernel maps into the process (an rc pair's
+//! rings) and the kernel's own objects are in neither.
 
 use super::{MeasureError, Result};
 use nemesis::net::{Accept, Cards, Envelope, Identity, NetError, Netmod};
@@ -14,9 +15,11 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// What the measured ud netmod holds.
+/// What the measured netmod holds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct UdMemory {
+    /// The netmod, `ud` or `rc`.
+    pub netmod: &'static str,
     /// Peers it talked to.
     pub peers: u32,
     /// Messages it exchanged with each (both ways together).
@@ -51,7 +54,7 @@ fn c_heap() -> usize {
     m.uordblks + m.hblkhd
 }
 
-fn open(table: &Table, rank: u32, size: u32, addr: IpAddr) -> Result<Box<dyn Netmod>> {
+fn open(netmod: &str, table: &Table, rank: u32, size: u32, addr: IpAddr) -> Result<Box<dyn Netmod>> {
     let id = Identity {
         rank,
         size,
@@ -62,36 +65,43 @@ fn open(table: &Table, rank: u32, size: u32, addr: IpAddr) -> Result<Box<dyn Net
         "NEMESIS_NET_TIMEOUT" => Some("60".to_string()),
         _ => std::env::var(k).ok(),
     };
-    nemesis::net::open("ud", id, Box::new(table.clone()), &get)
-        .map_err(|e| MeasureError::Other(format!("opening ud rank {rank}: {e}")))
+    nemesis::net::open(netmod, id, Box::new(table.clone()), &get)
+        .map_err(|e| MeasureError::Other(format!("opening {netmod} rank {rank}: {e}")))
 }
 
 /// Rank 0 of a job of `peers + 1` ranks sends `rounds` rounds of a 100-byte and a
-/// 20,000-byte message to every other rank, each echoes them; then it is weighed.
+/// 20,000-byte message (at most the netmod's largest) to every other rank, each echoes them; then it is weighed.
 /// `live` is the allocator's count of live Rust bytes; `addr` picks the device's GID.
-pub fn ud_memory(peers: u32, rounds: u32, addr: IpAddr, live: &dyn Fn() -> usize) -> Result<UdMemory> {
+pub fn ud_memory(
+    netmod: &'static str,
+    peers: u32,
+    rounds: u32,
+    addr: IpAddr,
+    live: &dyn Fn() -> usize,
+) -> Result<UdMemory> {
     if peers == 0 {
         return Err(MeasureError::Other("the netmod needs at least one peer".into()));
     }
     let size = peers + 1;
     let table = Table::default();
     let mut others = (1..size)
-        .map(|r| open(&table, r, size, addr))
+        .map(|r| open(netmod, &table, r, size, addr))
         .collect::<Result<Vec<_>>>()?;
     let (r0, c0) = (live(), c_heap());
-    let idle = open(&table, 0, size, addr)?;
+    let idle = open(netmod, &table, 0, size, addr)?;
     let (idle_bytes, idle_c) = (live().saturating_sub(r0), c_heap().saturating_sub(c0));
     drop(idle);
 
     let (r1, c1) = (live(), c_heap());
-    let mut me = open(&table, 0, size, addr)?;
+    let mut me = open(netmod, &table, 0, size, addr)?;
     let mut cards = vec![me.business_card()];
     cards.extend(others.iter().map(|o| o.business_card()));
     *table
         .0
         .lock()
         .map_err(|_| MeasureError::Other("poisoned".into()))? = cards;
-    let sizes = [100usize, 20_000];
+    // A message of one packet and one of many (or, for rc, its largest packet).
+    let sizes = [100usize, 20_000.min(me.max_payload())];
     let payload = vec![0x5a; sizes[1]];
     let mut mine: Vec<(u32, usize)> = (0..rounds)
         .flat_map(|_| (1..size).flat_map(|p| sizes.map(|s| (p, s))))
@@ -100,7 +110,7 @@ pub fn ud_memory(peers: u32, rounds: u32, addr: IpAddr, live: &dyn Fn() -> usize
     let want = mine.len() as u64;
     let mut echoes: Vec<Vec<(Envelope, usize)>> = vec![Vec::new(); peers as usize];
     let mut back = 0u64;
-    let fail = |e: NetError| MeasureError::Other(format!("ud exchange: {e}"));
+    let fail = |e: NetError| MeasureError::Other(format!("{netmod} exchange: {e}"));
     let end = Instant::now() + Duration::from_secs(300);
     loop {
         while let Some(&(p, len)) = mine.last() {
@@ -131,7 +141,7 @@ pub fn ud_memory(peers: u32, rounds: u32, addr: IpAddr, live: &dyn Fn() -> usize
         }
         if Instant::now() > end {
             return Err(MeasureError::Other(format!(
-                "the ud exchange stalled ({back} of {want} echoes)"
+                "the {netmod} exchange stalled ({back} of {want} echoes)"
             )));
         }
     }
@@ -151,6 +161,7 @@ pub fn ud_memory(peers: u32, rounds: u32, addr: IpAddr, live: &dyn Fn() -> usize
     let _ = (r1, c1);
     let idle_c_only = idle_c.saturating_sub(idle_bytes);
     Ok(UdMemory {
+        netmod,
         peers,
         messages_per_peer: 2 * rounds as u64 * sizes.len() as u64,
         per_peer_bytes: endpoint.saturating_sub(idle_bytes) as f64 / peers as f64,
