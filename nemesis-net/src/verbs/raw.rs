@@ -556,6 +556,35 @@ impl Drop for Channel {
     }
 }
 
+/// Posts one receive of `len` bytes at `addr` with key `lkey` through `post` (a pair's
+/// receive queue, or a shared one), which gets the request and the place for a bad one.
+fn post_one_recv(
+    what: &'static str,
+    wr_id: u64,
+    addr: *mut u8,
+    len: u32,
+    lkey: u32,
+    post: impl FnOnce(*mut ffi::ibv_recv_wr, *mut *mut ffi::ibv_recv_wr) -> i32,
+) -> Result<(), VerbsError> {
+    let mut sge = ffi::ibv_sge {
+        addr: addr as u64,
+        length: len,
+        lkey,
+    };
+    let mut wr = ffi::ibv_recv_wr {
+        wr_id,
+        next: ptr::null_mut(),
+        sg_list: &mut sge,
+        num_sge: 1,
+    };
+    let mut bad = ptr::null_mut();
+    let rc = post(&mut wr, &mut bad);
+    if rc != 0 {
+        return Err(VerbsError::call(what, rc_error(rc)));
+    }
+    Ok(())
+}
+
 /// A work completion, as much of it as the netmods read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Completion {
@@ -931,25 +960,12 @@ impl Qp {
         len: u32,
         lkey: u32,
     ) -> Result<(), VerbsError> {
-        let mut sge = ffi::ibv_sge {
-            addr: addr as u64,
-            length: len,
-            lkey,
-        };
-        let mut wr = ffi::ibv_recv_wr {
-            wr_id,
-            next: ptr::null_mut(),
-            sg_list: &mut sge,
-            num_sge: 1,
-        };
-        let mut bad = ptr::null_mut();
-        // SAFETY: a live pair; the request and its element are read during the call;
-        // the caller keeps the bytes as the contract says.
-        let rc = unsafe { ffi::ibv_post_recv(self.qp.as_ptr(), &mut wr, &mut bad) };
-        if rc != 0 {
-            return Err(VerbsError::call("ibv_post_recv", rc_error(rc)));
-        }
-        Ok(())
+        let qp = self.qp.as_ptr();
+        // SAFETY: a live pair; the request is read during the call; the caller keeps the
+        // bytes as the contract says.
+        post_one_recv("ibv_post_recv", wr_id, addr, len, lkey, |wr, bad| unsafe {
+            ffi::ibv_post_recv(qp, wr, bad)
+        })
     }
 
     /// Posts one signalled one-sided operation between `local` and `remote_addr` of the
@@ -1164,25 +1180,12 @@ impl Srq {
         len: u32,
         lkey: u32,
     ) -> Result<(), VerbsError> {
-        let mut sge = ffi::ibv_sge {
-            addr: addr as u64,
-            length: len,
-            lkey,
-        };
-        let mut wr = ffi::ibv_recv_wr {
-            wr_id,
-            next: ptr::null_mut(),
-            sg_list: &mut sge,
-            num_sge: 1,
-        };
-        let mut bad = ptr::null_mut();
+        let srq = self.srq.as_ptr();
         // SAFETY: a live queue; the request is read during the call; the caller keeps
         // the bytes as the contract says.
-        let rc = unsafe { ffi::ibv_post_srq_recv(self.srq.as_ptr(), &mut wr, &mut bad) };
-        if rc != 0 {
-            return Err(VerbsError::call("ibv_post_srq_recv", rc_error(rc)));
-        }
-        Ok(())
+        post_one_recv("ibv_post_srq_recv", wr_id, addr, len, lkey, |wr, bad| unsafe {
+            ffi::ibv_post_srq_recv(srq, wr, bad)
+        })
     }
 }
 
