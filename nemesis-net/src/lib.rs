@@ -13,9 +13,13 @@
 //!   per peer with cumulative, coalesced ACKs, NACKs on gaps and retransmission from a
 //!   monotonic clock, all driven by polling: no thread.
 //!
+//! Two more run on InfiniBand verbs, behind the `verbs` feature (module `verbs`): `ud`, the same
+//! reliability layer over one UD queue pair for every peer, and `rc`, a connected queue
+//! pair per peer with RDMA ([`rdma`]).
+//!
 //! The reliability layer is generic over its transport ([`reliable::Datagram`]), and so is
 //! the netmod made of it ([`dgram::DgramNetmod`], over a [`dgram::Endpoint`]): `udp` is one
-//! instance, a verbs UD module another. A transport lends each received datagram in place
+//! instance, `ud` another. A transport lends each received datagram in place
 //! rather than copying it out. [`sim`] is a seeded, lossy, reordering, duplicating network
 //! for the layer's tests.
 //!
