@@ -257,6 +257,36 @@ fn bad_arguments_are_refused() {
         .unwrap();
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("largest packet"));
+    // Without the verbs feature (as these tests build it), the verbs netmods are named
+    // as such, not as unknown.
+    let o = Command::new(BENCH)
+        .args(["memory", "--procs", "2", "--udp-peers", "2", "--rc-peers", "2"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("`verbs` feature"),
+        "{o:?}"
+    );
+    let o = Command::new(BENCH)
+        .args([
+            "latency",
+            "--transport",
+            "ud",
+            "--sizes",
+            "8",
+            "--iters",
+            "10",
+            "--rounds",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("`verbs` feature"),
+        "{o:?}"
+    );
 }
 
 #[test]

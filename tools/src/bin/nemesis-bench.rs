@@ -779,11 +779,11 @@ struct MemoryArgs {
     /// Peer counts for the ud netmod's memory per peer, measured on the verbs device
     /// (every netmod in this process; needs the `verbs` feature and a device); empty to
     /// skip it.
-    #[arg(long, value_delimiter = ',', default_value = "",
+    #[arg(long, value_delimiter = ',',
           value_parser = clap::value_parser!(u32).range(1..=1024))]
     ud_peers: Vec<u32>,
     /// The same for the rc netmod.
-    #[arg(long, value_delimiter = ',', default_value = "",
+    #[arg(long, value_delimiter = ',',
           value_parser = clap::value_parser!(u32).range(1..=1024))]
     rc_peers: Vec<u32>,
 }
