@@ -64,7 +64,8 @@ netem='delay 1ms loss 5% duplicate 1% reorder 10%'
 echo "verbs-test: a job across two Soft-RoCE VMs over ud (hello, ring, stress test), link: $netem"
 VERBS_NETMOD=ud VERBS_JOB_BIN=$bin "$tool/run2.sh" --netem "$netem" --timeout 600 --rw "$PWD/target" -- \
     scripts/verbs-two-vm.sh -- scripts/verbs-two-vm.sh
-# rc on a clean link: rxe's RC across the VMs retransmits already (see rxe-vm's README).
+# rc on a clean link: rxe's RC between the two emulated VMs retransmits about every other
+# message even so (rxe-vm's README).
 echo "verbs-test: a job across two Soft-RoCE VMs over rc (hello, ring, stress test)"
 VERBS_NETMOD=rc VERBS_JOB_BIN=$bin "$tool/run2.sh" --timeout 600 --rw "$PWD/target" -- \
     scripts/verbs-two-vm.sh -- scripts/verbs-two-vm.sh

@@ -845,9 +845,9 @@ impl Qp {
         Ok(qp)
     }
 
-    /// Brings an RC pair from INIT to RTS, connected to `to`. The timeouts make a dead
-    /// peer an error completion in about half a second (`timeout` 14, `retry_cnt` 6:
-    /// on rxe 0 and 7 mean "retry forever"); a receiver out of buffers is retried
+    /// Brings an RC pair from INIT to RTS, connected to `to`. Its ACK timeout and
+    /// [`RETRY_CNT`] make a dead peer an error completion (on rxe a `timeout` of 0 or a
+    /// `retry_cnt` of 7 mean "retry forever"); a receiver out of buffers is retried
     /// without end (`rnr_retry` 7), as it is alive.
     ///
     /// # Errors
@@ -879,8 +879,8 @@ impl Qp {
         )?;
         a.qp_state = ffi::ibv_qp_state::IBV_QPS_RTS;
         a.sq_psn = to.our_psn;
-        a.timeout = 14;
-        a.retry_cnt = 6;
+        a.timeout = to.timeout;
+        a.retry_cnt = RETRY_CNT;
         a.rnr_retry = 7;
         a.max_rd_atomic = 16;
         self.modify(
@@ -1123,6 +1123,23 @@ pub struct RcPath {
     pub our_psn: u32,
     /// See `our_psn`.
     pub their_psn: u32,
+    /// The ACK timeout's exponent: 4.096 µs × 2^`timeout` (see [`ack_timeout_for`]).
+    pub timeout: u8,
+}
+
+/// Retries of an unacknowledged RC packet; rxe takes 7 for "forever".
+pub const RETRY_CNT: u8 = 6;
+
+/// The largest ACK-timeout exponent (12 to 20) with which a pair gives up on a silent
+/// peer, after its first try and [`RETRY_CNT`] more, within `within`: 4.096 µs × 2^t
+/// per try. Longer tries spare a slow but live peer spurious retransmissions; the bound
+/// keeps a dead one found in time.
+pub fn ack_timeout_for(within: std::time::Duration) -> u8 {
+    let tries = f64::from(RETRY_CNT) + 1.0;
+    (12..=20)
+        .rev()
+        .find(|&t| tries * 4.096e-6 * f64::from(1u32 << t) <= within.as_secs_f64())
+        .unwrap_or(12)
 }
 
 /// An `ibv_mtu` for a size in bytes (the largest not above it).

@@ -53,6 +53,8 @@ const SEND_DEPTH: u32 = 128;
 const QKEY: u32 = 0x4e4d_5544;
 /// Bytes of the global route header in front of every received datagram.
 pub const GRH_LEN: usize = 40;
+/// Hosts whose address handles the table holds before it first grows.
+const AH_HOSTS: usize = 16;
 /// Pieces an inline send gathers at most.
 const MAX_PARTS: usize = 4;
 /// One send in this many asks for a completion: completions come in order on a queue
@@ -292,7 +294,8 @@ impl UdEndpoint {
             posted: VecDeque::with_capacity(qp.cap.send as usize),
             seq: 0,
             qp,
-            ahs: HashMap::new(),
+            // Room for a few hosts from the start: a peer costs its handle, not a table.
+            ahs: HashMap::with_capacity(AH_HOSTS),
             cq,
             recv,
             send,

@@ -16,8 +16,10 @@
 //! each request is simply accepted. Requests carry the pair's token of the job key
 //! ([`crate::auth::JobKey::token`]), so a stranger's are dropped and counted.
 //!
-//! **Failures.** A pair gives up on a dead peer after its retries (`timeout` 14,
-//! `retry_cnt` 6: about half a second on rxe) and every send then completes in error:
+//! **Failures.** A pair gives up on a dead peer after its retries, timed so that it
+//! does within `NEMESIS_NET_TIMEOUT` (`retry_cnt` 6 and the longest ACK timeout that
+//! fits: 1.1 s a try for the default 10 s, 134 ms for 1 s), and every send then
+//! completes in error:
 //! the peer counts as failed, with the status named. `check_peer` sends a probe to a
 //! peer it has not heard from, so a caller who keeps checking learns of a death; a peer
 //! that never answers its connection request fails after `NEMESIS_NET_TIMEOUT`.
@@ -31,7 +33,9 @@
 
 mod rdma;
 
-use super::raw::{Channel, Completion, Context, Cq, Mr, Pd, Qp, QpCap, RcPath, Region, Sge, Srq};
+use super::raw::{
+    Channel, Completion, Context, Cq, Mr, Pd, Qp, QpCap, RcPath, Region, Sge, Srq, ack_timeout_for,
+};
 use super::ud::{UdConfig, UdEndpoint};
 use super::{DEVICE_VAR, GID_INDEX_VAR, PORT_VAR, VerbsError};
 use crate::auth::JobKey;
@@ -371,6 +375,7 @@ impl RcNetmod {
             mtu: mtu.min(p.mtu),
             our_psn: p.psn,
             their_psn,
+            timeout: ack_timeout_for(self.timeout),
         };
         match p.qp.connect(path) {
             Ok(()) => {
@@ -954,6 +959,16 @@ impl Netmod for RcNetmod {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dead_peer_is_given_up_within_the_net_timeout() {
+        for (secs, t) in [(10.0, 18), (1.0, 15), (0.5, 14), (0.001, 12), (1e6, 20)] {
+            assert_eq!(ack_timeout_for(Duration::from_secs_f64(secs)), t, "{secs} s");
+        }
+        // Seven tries of the chosen timeout fit the default bound.
+        let t = ack_timeout_for(config::DEFAULT_NET_TIMEOUT);
+        assert!(7.0 * 4.096e-6 * f64::from(1u32 << t) <= 10.0);
+    }
 
     #[test]
     fn config_from_variables() {
