@@ -285,7 +285,9 @@ impl UdEndpoint {
             inline: 256,
         };
         let qp = Qp::ud(&pd, &cq, want, cfg.port, QKEY)?;
-        let slot = mtu + GRH_LEN;
+        // Slots for what the port can deliver, so that a datagram above our size (a peer
+        // that sets NEMESIS_UD_MTU otherwise) arrives whole and is dropped as too long.
+        let slot = port.mtu.max(mtu) + GRH_LEN;
         let recv = Arc::new(Region::new(&pd, slot * qp.cap.recv as usize, false)?);
         let send = Region::new(&pd, mtu * qp.cap.send as usize, false)?;
         let me = UdAddr { gid, qpn: qp.qpn() };
@@ -421,6 +423,10 @@ impl Datagram for UdEndpoint {
         self.mtu
     }
 
+    fn max_receive(&self) -> usize {
+        self.slot - GRH_LEN
+    }
+
     fn name(&self) -> &'static str {
         "ud"
     }
@@ -534,16 +540,23 @@ impl Datagram for UdEndpoint {
                 continue;
             };
             let s = u32::try_from(c.wr_id).unwrap_or(u32::MAX);
-            if !c.ok() {
-                return Err(io::Error::other(format!("a receive failed: {}", c.status_name())));
+            if s >= self.qp.cap.recv {
+                return Err(io::Error::other(format!("a receive completion names slot {s}")));
             }
-            let off = s as usize * self.slot;
-            let len = c.byte_len as usize;
-            if s >= self.qp.cap.recv || len > self.slot {
+            if c.status == rdma_mummy_sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
                 return Err(io::Error::other(format!(
-                    "a receive completion names slot {s} of {len} bytes"
+                    "the queue pair failed: {}",
+                    c.status_name()
                 )));
             }
+            let off = s as usize * self.slot;
+            // Any other failed receive is one datagram's (a stranger's too long for the
+            // slot, say): handed up empty, counted as truncated, its slot posted again.
+            let len = if c.ok() {
+                (c.byte_len as usize).min(self.slot)
+            } else {
+                0
+            };
             let whole = UdRx {
                 pool: Arc::clone(&self.recv),
                 off,
