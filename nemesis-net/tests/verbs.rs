@@ -222,3 +222,22 @@ fn rc_reads_writes_and_atomics_through_the_rdma_hook() {
     b.deregister(&treg);
     drop(theirs);
 }
+
+/// A GID index that names no GID is refused with an error naming the variable that
+/// chooses one.
+#[test]
+fn an_unset_gid_is_named() {
+    if !here() {
+        return;
+    }
+    let cfg = UdConfig {
+        gid_index: Some(500),
+        ..UdConfig::default()
+    };
+    match UdEndpoint::open(&cfg, addr()) {
+        Err(e @ nemesis_net::verbs::VerbsError::NoGid { .. }) => {
+            assert!(e.to_string().contains("NEMESIS_VERBS_GID_INDEX"), "{e}");
+        }
+        other => panic!("expected a missing GID, got {other:?}"),
+    }
+}

@@ -347,11 +347,6 @@ impl UdEndpoint {
         self.port
     }
 
-    /// Sends posted and not yet completed.
-    pub fn sends_in_flight(&self) -> usize {
-        self.posted.len()
-    }
-
     fn post_slot(&mut self, s: u32) -> io::Result<()> {
         let off = s as usize * self.slot;
         if off + self.slot > self.recv.len() {
