@@ -29,6 +29,7 @@ pub mod segment;
 pub mod sync;
 pub mod variant;
 pub mod wake;
+pub mod window;
 
 pub use config::Geometry;
 pub use error::ShmError;

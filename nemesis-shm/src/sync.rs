@@ -5,10 +5,10 @@
 //! memory inside the shared segment; loom structures are built on the heap with `new`.
 
 #[cfg(not(loom))]
-pub use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+pub use core::sync::atomic::{AtomicU8, AtomicU16, AtomicU32, AtomicU64, Ordering, fence};
 
 #[cfg(loom)]
-pub use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+pub use loom::sync::atomic::{AtomicU8, AtomicU16, AtomicU32, AtomicU64, Ordering, fence};
 
 /// One iteration of a busy-wait. Under loom this yields, which loom requires of spin loops.
 #[inline(always)]

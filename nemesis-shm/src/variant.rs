@@ -36,6 +36,15 @@ pub trait Variant: 'static {
     /// The store that empties a copy-ring slot, which hands it back to the sender after
     /// the receiver's last read of it.
     const RING_RETURN: Ordering = Ordering::Release;
+    /// The increments that release a window's reader-writer lock, which publish what
+    /// the holder wrote to the next holder.
+    const RMA_LOCK_RELEASE: Ordering = Ordering::Release;
+    /// The increments of post and complete, which publish a window's memory from the
+    /// target to its origins and the origins' updates back to the target.
+    const RMA_PSCW_PUBLISH: Ordering = Ordering::Release;
+    /// Whether an element update runs as one atomic read-modify-write rather than a
+    /// load and a store.
+    const RMA_ATOMIC_RMW: bool = true;
 }
 
 /// The correct protocol.
@@ -159,4 +168,34 @@ pub enum RelaxedRingReturn {}
 #[cfg(loom)]
 impl Variant for RelaxedRingReturn {
     const RING_RETURN: Ordering = Ordering::Relaxed;
+}
+
+/// Broken: a window's lock is released with Relaxed increments, so the next holder may
+/// read the window before the last holder's writes.
+#[cfg(loom)]
+#[derive(Debug)]
+pub enum RelaxedLockRelease {}
+#[cfg(loom)]
+impl Variant for RelaxedLockRelease {
+    const RMA_LOCK_RELEASE: Ordering = Ordering::Relaxed;
+}
+
+/// Broken: post and complete count with Relaxed increments, so a target may read its
+/// window before an origin's puts, or an origin write it before the target's post.
+#[cfg(loom)]
+#[derive(Debug)]
+pub enum RelaxedPscw {}
+#[cfg(loom)]
+impl Variant for RelaxedPscw {
+    const RMA_PSCW_PUBLISH: Ordering = Ordering::Relaxed;
+}
+
+/// Broken: an element update loads the word and stores the result, so two concurrent
+/// updates can lose one.
+#[cfg(loom)]
+#[derive(Debug)]
+pub enum LoadStoreUpdate {}
+#[cfg(loom)]
+impl Variant for LoadStoreUpdate {
+    const RMA_ATOMIC_RMW: bool = false;
 }
