@@ -48,6 +48,11 @@ pub const KNOWN: &[(&str, Reader, &str)] = &[
     ),
     ("NEMESIS_LMT", Reader::Library, "large-message strategy"),
     (
+        "NEMESIS_RMA_PROGRESS",
+        Reader::Library,
+        "thread: a helper serves one-sided requests during World::compute",
+    ),
+    (
         "NEMESIS_LMT_AUTO",
         Reader::Library,
         "the order automatic selection tries strategies in",

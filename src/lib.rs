@@ -63,6 +63,7 @@ pub mod env;
 pub mod op;
 pub mod p2p;
 pub mod progress;
+pub mod rma;
 
 #[cfg(test)]
 mod testkit;

@@ -4,8 +4,12 @@
 use crate::channel::{Channel, NemesisChannel, ShmChannel, WaitPolicy};
 use crate::p2p::{Config, World};
 use nemesis_lmt::Strategy;
+use nemesis_net::{Accept, NetError, NetStats, Netmod};
+use nemesis_shm::Envelope;
 use nemesis_shm::{Geometry, Segment};
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// Runs `f(world)` as each of `n` ranks, each on its own thread; returns their results.
@@ -89,8 +93,135 @@ pub(crate) fn job_full<T: Send + 'static>(
         .collect()
 }
 
+/// Runs `f(world)` as each rank of a job on "nodes" of the sizes in `nodes`: the ranks
+/// of a node share an anonymous segment, and every rank has a netmod on one in-memory
+/// wire, which carries whatever goes between nodes. Ranks are numbered node by node.
+pub(crate) fn job_nodes<T: Send + 'static>(
+    nodes: &[u32],
+    f: impl Fn(World) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let n: u32 = nodes.iter().sum();
+    let wire = Arc::new(Mutex::new(Wire {
+        cap: 1 << 20,
+        ..Wire::default()
+    }));
+    let f = Arc::new(f);
+    let mut handles = Vec::new();
+    let mut first = 0;
+    for &size in nodes {
+        let seg = Arc::new(Segment::anonymous(size, Geometry::default()).unwrap());
+        let ranks: Vec<u32> = (first..first + size).collect();
+        for (i, &r) in ranks.iter().enumerate() {
+            let (seg, ranks, f, wire) = (seg.clone(), ranks.clone(), f.clone(), wire.clone());
+            handles.push(std::thread::spawn(move || {
+                let policy = WaitPolicy {
+                    spin: 200,
+                    yields: 50,
+                    slice: Duration::from_millis(20),
+                };
+                let shm = ShmChannel::from_segment(seg, r, n, &ranks, i as u32, policy).unwrap();
+                let net: Box<dyn Netmod> = Box::new(MemNet { me: r, wire });
+                let ch = NemesisChannel::with_netmod(shm, Some(net));
+                let cfg = Config::from_lookup(ch.max_payload(), |_| None).unwrap();
+                f(World::with_config(ch, cfg).unwrap())
+            }));
+        }
+        first += size;
+    }
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("rank panicked"))
+        .collect()
+}
+
 pub(crate) fn pattern(seed: u32, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) as u8)
         .collect()
+}
+
+/// Packets in flight from one rank to another.
+pub(crate) type Queue = VecDeque<(Envelope, Vec<u8>)>;
+
+/// A network in memory: a queue per ordered pair, each holding at most `cap`
+/// packets, and ranks that can be marked failed.
+#[derive(Debug, Default)]
+pub(crate) struct Wire {
+    pub(crate) queues: std::collections::HashMap<(u32, u32), Queue>,
+    pub(crate) cap: usize,
+    pub(crate) failed: HashSet<u32>,
+}
+
+#[derive(Debug)]
+pub(crate) struct MemNet {
+    pub(crate) me: u32,
+    pub(crate) wire: Arc<Mutex<Wire>>,
+}
+
+impl Netmod for MemNet {
+    fn name(&self) -> &'static str {
+        "mem"
+    }
+    fn business_card(&self) -> Vec<u8> {
+        Vec::new()
+    }
+    fn max_payload(&self) -> usize {
+        100_000
+    }
+    fn send(&mut self, peer: u32, env: &Envelope, payload: &[&[u8]]) -> Result<Accept, NetError> {
+        let mut w = self.wire.lock().unwrap();
+        if w.failed.contains(&peer) {
+            return Err(NetError::PeerFailed {
+                rank: peer,
+                reason: "marked failed".into(),
+            });
+        }
+        let cap = w.cap;
+        let q = w.queues.entry((self.me, peer)).or_default();
+        if q.len() >= cap {
+            return Ok(Accept::Again);
+        }
+        q.push_back((*env, payload.concat()));
+        Ok(Accept::Sent)
+    }
+    fn poll(&mut self, sink: &mut dyn FnMut(u32, &Envelope, &[u8])) -> Result<usize, NetError> {
+        let mut got = Vec::new();
+        for ((from, to), q) in self.wire.lock().unwrap().queues.iter_mut() {
+            if *to == self.me {
+                got.extend(q.drain(..).map(|(e, d)| (*from, e, d)));
+            }
+        }
+        for (from, e, d) in &got {
+            sink(*from, e, d);
+        }
+        Ok(got.len())
+    }
+    fn wait(&mut self, _: Duration) -> Result<bool, NetError> {
+        let w = self.wire.lock().unwrap();
+        Ok(w.queues
+            .iter()
+            .any(|((_, to), q)| *to == self.me && !q.is_empty()))
+    }
+    fn backlog(&self) -> usize {
+        let w = self.wire.lock().unwrap();
+        // As a real netmod does, nothing is owed to a failed peer.
+        w.queues
+            .iter()
+            .filter(|((from, to), _)| *from == self.me && !w.failed.contains(to))
+            .map(|(_, q)| q.len())
+            .sum()
+    }
+    fn check_peer(&self, peer: u32) -> Result<(), NetError> {
+        if self.wire.lock().unwrap().failed.contains(&peer) {
+            return Err(NetError::PeerFailed {
+                rank: peer,
+                reason: "marked failed".into(),
+            });
+        }
+        Ok(())
+    }
+    fn shutdown(&mut self, _: Duration) {}
+    fn stats(&self) -> NetStats {
+        NetStats::default()
+    }
 }

@@ -40,6 +40,7 @@
 
 mod coll;
 mod comm;
+mod compute;
 mod engine;
 mod matching;
 mod medium;
@@ -53,6 +54,7 @@ mod world;
 
 pub use crate::op::{Op, OpError, Reducible};
 pub use comm::Comm;
+pub use compute::RMA_PROGRESS_VAR;
 pub use owned::{Completed, OwnedBuf, OwnedRequest, RequestSet};
 pub use scope::{Done, Request, Scope};
 pub use world::World;

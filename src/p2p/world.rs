@@ -55,6 +55,8 @@ pub struct World<C: Channel = NemesisChannel> {
     pub(crate) mailbox: Arc<Mailbox>,
     /// The bookkeeping vectors of the last scope, for the next.
     pub(crate) spare_live: super::scope::Live,
+    /// Whether [`World::compute`] runs a helper thread (`NEMESIS_RMA_PROGRESS=thread`).
+    pub(crate) helper: bool,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -134,6 +136,7 @@ impl<C: Channel> World<C> {
             node_wait,
             mailbox: Arc::default(),
             spare_live: Default::default(),
+            helper: super::compute::helper_from_env()?,
             _not_sync: PhantomData,
         })
     }
@@ -188,17 +191,22 @@ impl<C: Channel> World<C> {
     /// handed every packet of `id`, in place, whichever call of this world is polling.
     ///
     /// # Errors
-    /// [`RegistryError::Reserved`] for [`ProtocolId::P2P`], which is the world's own, and
-    /// [`RegistryError::Taken`] when `id` has a protocol already.
+    /// [`RegistryError::Reserved`] for [`ProtocolId::P2P`] and [`ProtocolId::RMA`], which
+    /// the world runs itself, and [`RegistryError::Taken`] when `id` has a protocol
+    /// already.
     pub fn register<P: Protocol>(&mut self, id: ProtocolId, p: P) -> Result<(), RegistryError> {
-        if id == ProtocolId::P2P {
+        if id == ProtocolId::P2P || id == ProtocolId::RMA {
             return Err(RegistryError::Reserved(id));
         }
         self.core.register(id, p)
     }
 
     /// Takes the protocol under `id` out; its packets are dropped (and counted) again.
+    /// The one-sided layer's own protocol stays: `None`.
     pub fn unregister(&mut self, id: ProtocolId) -> Option<Box<dyn Protocol>> {
+        if id == ProtocolId::RMA {
+            return None;
+        }
         self.core.unregister(id)
     }
 
@@ -216,7 +224,7 @@ impl<C: Channel> World<C> {
     /// protocol's own kind (0 to 0xff). Never blocks and never drops.
     ///
     /// # Errors
-    /// [`RegistryError::Reserved`] for [`ProtocolId::P2P`], a kind above 0xff, a bad
+    /// [`RegistryError::Reserved`] for [`ProtocolId::P2P`] and [`ProtocolId::RMA`], a kind above 0xff, a bad
     /// rank, or a packet over [`Channel::max_payload_to`].
     pub fn send_packet(
         &mut self,
@@ -225,7 +233,7 @@ impl<C: Channel> World<C> {
         header: Header,
         payload: &[u8],
     ) -> Result<SendStatus, P2pError> {
-        if id == ProtocolId::P2P {
+        if id == ProtocolId::P2P || id == ProtocolId::RMA {
             return Err(crate::ChannelError::from(RegistryError::Reserved(id)).into());
         }
         Ok(self.core.send(id, dest, header, &[payload])?)
@@ -426,6 +434,43 @@ impl<C: Channel> World<C> {
             check(self)?;
         }
         Ok(())
+    }
+
+    /// Drives progress until `done` says so, checking now and then that `peers` (world
+    /// ranks) are alive: how the one-sided layer waits for answers, grants and counters.
+    ///
+    /// # Errors
+    /// The channel's, a peer's protocol violation, and [`P2pError::PeerFailed`] (with
+    /// the world rank) when one of `peers` is found dead.
+    pub(crate) fn wait_until(
+        &mut self,
+        what: &dyn Fn() -> String,
+        peers: &[u32],
+        mut done: impl FnMut(&mut Self) -> bool,
+    ) -> Result<(), P2pError> {
+        let mut idle = Idle::new();
+        let me = self.rank();
+        loop {
+            if done(self) {
+                return Ok(());
+            }
+            self.progress()?;
+            if done(self) {
+                return Ok(());
+            }
+            self.idle(&mut idle, what, &mut |w| {
+                for &p in peers.iter().filter(|&&p| p != me) {
+                    if let Err(e) = w.core.ch.check_peer(p) {
+                        let reason = match e {
+                            crate::ChannelError::PeerFailed { reason, .. } => reason,
+                            other => other.to_string(),
+                        };
+                        return Err(P2pError::PeerFailed { rank: p, reason });
+                    }
+                }
+                Ok(())
+            })?;
+        }
     }
 
     /// Drives progress until every request in `ids` is complete (or failed). Each

@@ -60,10 +60,15 @@ impl Outbox {
 
     /// Queues a packet whose header is complete: for nemesis's own protocols.
     pub(crate) fn push(&mut self, dest: Rank, header: Header, payload: &[u8]) {
+        self.push_vec(dest, header, payload.to_vec());
+    }
+
+    /// As [`Outbox::push`], with a payload the caller built.
+    pub(crate) fn push_vec(&mut self, dest: Rank, header: Header, payload: Vec<u8>) {
         self.pkts.push(Queued {
             dest,
             header,
-            payload: payload.to_vec(),
+            payload,
         });
     }
 

@@ -1,0 +1,314 @@
+//! The one-sided protocol on the progress core: every packet of
+//! [`ProtocolId::RMA`] lands here, whichever call of the world is polling. Requests go
+//! to the target side of their window ([`super::target`]); replies are filed with the
+//! origin's request they answer, where the origin's epoch finds them.
+
+use super::target::TargetWin;
+use super::wire::{self, Msg, Refusal};
+use crate::channel::{Header, Packet, Rank};
+use crate::progress::{Outbox, Protocol, ProtocolId};
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// What keeps a window's memory alive while its target serves it.
+pub(crate) type Keep = Arc<dyn Any + Send + Sync>;
+
+/// What an origin's request waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Want {
+    /// `RESULT`s carrying this many bytes, in order.
+    Data(usize),
+    /// A `GRANT`.
+    Grant,
+    /// An `ACK`.
+    Ack,
+}
+
+/// Where a request stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum State {
+    /// Still waiting.
+    Waiting,
+    /// Answered in full.
+    Done,
+    /// The target refused it.
+    Refused(Refusal, u64, u64),
+    /// The target broke the protocol answering it.
+    Broken(&'static str),
+}
+
+/// An origin's request awaiting its answer.
+#[derive(Debug)]
+pub(crate) struct Pending {
+    /// The target's world rank.
+    pub(crate) target: Rank,
+    pub(crate) want: Want,
+    /// The bytes come so far (for `Want::Data`), in order.
+    pub(crate) data: Vec<u8>,
+    pub(crate) state: State,
+}
+
+/// A refusal of a request that has no answer of its own (a put, an accumulate).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Refused {
+    pub(crate) target: Rank,
+    pub(crate) why: Option<Refusal>,
+    pub(crate) disp: u64,
+    pub(crate) len: u64,
+}
+
+/// One window as an origin sees it.
+#[derive(Debug)]
+pub(crate) struct OriginWin {
+    next_req: u32,
+    pub(crate) pending: HashMap<u32, Pending>,
+    /// Refusals of requests without answers, not reported yet.
+    pub(crate) refusals: Vec<Refused>,
+    /// Such refusals received so far.
+    pub(crate) refusals_seen: u64,
+    /// Posts received from each target (world rank).
+    pub(crate) posts: HashMap<Rank, u32>,
+    /// Requests sent to each member (by communicator rank) so far: what a fence counts.
+    pub(crate) issued: Vec<u64>,
+    /// Members sent puts or accumulates since the last flush of them.
+    pub(crate) unflushed: Vec<bool>,
+}
+
+impl OriginWin {
+    fn new(members: usize) -> Self {
+        Self {
+            next_req: 0,
+            pending: HashMap::new(),
+            refusals: Vec::new(),
+            refusals_seen: 0,
+            posts: HashMap::new(),
+            issued: vec![0; members],
+            unflushed: vec![false; members],
+        }
+    }
+
+    /// Files a new request to `target` awaiting `want`; its number goes in `aux`.
+    pub(crate) fn request(&mut self, target: Rank, want: Want) -> u32 {
+        loop {
+            // 0 means "no request"; a number still pending after a wrap is skipped.
+            self.next_req = self.next_req.wrapping_add(1);
+            if self.next_req != 0 && !self.pending.contains_key(&self.next_req) {
+                break;
+            }
+        }
+        let cap = match want {
+            Want::Data(n) => n,
+            _ => 0,
+        };
+        self.pending.insert(
+            self.next_req,
+            Pending {
+                target,
+                want,
+                data: Vec::with_capacity(cap),
+                state: State::Waiting,
+            },
+        );
+        self.next_req
+    }
+
+    /// Whether request `req` is answered (or failed).
+    pub(crate) fn is_over(&self, req: u32) -> bool {
+        self.pending.get(&req).is_none_or(|p| p.state != State::Waiting)
+    }
+
+    fn answer(&mut self, src: Rank, req: u32, msg: Msg<'_>) -> bool {
+        let Some(p) = self.pending.get_mut(&req) else {
+            return false;
+        };
+        if p.target != src || p.state != State::Waiting {
+            return false;
+        }
+        p.state = match (p.want, msg) {
+            (Want::Data(n), Msg::Result { offset, data }) => {
+                if offset != p.data.len() as u64 || p.data.len() + data.len() > n {
+                    State::Broken("bytes out of order or beyond what was asked for")
+                } else {
+                    p.data.extend_from_slice(data);
+                    if p.data.len() == n {
+                        State::Done
+                    } else {
+                        State::Waiting
+                    }
+                }
+            }
+            (Want::Grant, Msg::Grant) | (Want::Ack, Msg::Ack) => State::Done,
+            (_, Msg::Err { why, disp, len }) => State::Refused(why.unwrap_or(Refusal::Malformed), disp, len),
+            _ => State::Broken("an answer of the wrong kind"),
+        };
+        true
+    }
+}
+
+/// A window registered here: both sides, and what keeps its memory alive.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    pub(crate) target: TargetWin,
+    pub(crate) origin: OriginWin,
+    /// Held, never read: the memory the target serves lives as long as this.
+    pub(crate) _keep: Vec<Keep>,
+    /// Memory attached to a dynamic window, by address, to give back on detach.
+    pub(crate) attached: HashMap<u64, Box<dyn Any + Send>>,
+    /// Post, start, complete and wait so far.
+    pub(crate) pscw: Pscw,
+}
+
+/// The counts of post, start, complete and wait, all of them since the window was made,
+/// so that epochs follow each other without resetting anything.
+#[derive(Debug, Default)]
+pub(crate) struct Pscw {
+    /// Origins of our posts that signal completion in the window file.
+    pub(crate) shm_posted: u32,
+    /// Origins of our posts that signal completion by messages.
+    pub(crate) am_posted: u64,
+    /// Our starts towards each member (communicator rank).
+    pub(crate) started: HashMap<u32, u32>,
+}
+
+/// The one-sided protocol's state in one process.
+pub(crate) struct Rma {
+    wins: HashMap<u32, Slot>,
+    /// The next window number this process would propose.
+    pub(crate) next_id: u32,
+    /// The largest payload to each rank.
+    max_to: Vec<usize>,
+    rank: Rank,
+    /// Packets for windows not here, answers to no request, malformed packets.
+    strays: u64,
+}
+
+impl std::fmt::Debug for Rma {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rma")
+            .field("windows", &self.wins.len())
+            .field("strays", &self.strays)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Rma {
+    pub(crate) fn new(rank: Rank, max_to: Vec<usize>) -> Self {
+        Self {
+            wins: HashMap::new(),
+            next_id: 1,
+            max_to,
+            rank,
+            strays: 0,
+        }
+    }
+
+    /// Registers window `id` with `members` members over `mem`.
+    pub(crate) fn add(&mut self, id: u32, members: usize, target: TargetWin, keep: Vec<Keep>) {
+        self.wins.insert(
+            id,
+            Slot {
+                target,
+                origin: OriginWin::new(members),
+                _keep: keep,
+                attached: HashMap::new(),
+                pscw: Pscw::default(),
+            },
+        );
+    }
+
+    pub(crate) fn remove(&mut self, id: u32) -> Option<Slot> {
+        self.wins.remove(&id)
+    }
+
+    pub(crate) fn slot(&self, id: u32) -> Option<&Slot> {
+        self.wins.get(&id)
+    }
+
+    pub(crate) fn slot_mut(&mut self, id: u32) -> Option<&mut Slot> {
+        self.wins.get_mut(&id)
+    }
+
+    /// Packets that named no window or request here, or were malformed.
+    pub(crate) fn strays(&self) -> u64 {
+        self.strays
+    }
+
+    #[cold]
+    fn stray(&mut self, src: Rank, what: &str) {
+        self.strays += 1;
+        if self.strays.is_power_of_two() {
+            eprintln!(
+                "nemesis: rank {} dropped {} one-sided packet(s) that fit nothing here (the last from rank {src}: {what})",
+                self.rank, self.strays
+            );
+        }
+    }
+}
+
+impl Protocol for Rma {
+    fn handle(&mut self, p: Packet<'_>, out: &mut Outbox) {
+        let kind = p.header.kind as u8;
+        let h = p.header;
+        let refuse = |out: &mut Outbox, why: Refusal| {
+            // A request that expects an answer gets a refusal, so its origin does not wait
+            // for ever; the others are counted by their origin's flush or fence.
+            if matches!(
+                kind,
+                wire::PUT
+                    | wire::GET
+                    | wire::ACC
+                    | wire::GACC
+                    | wire::CAS
+                    | wire::LOCK
+                    | wire::UNLOCK
+                    | wire::FLUSH
+            ) {
+                let e = Header {
+                    kind: ProtocolId::RMA.kind(wire::ERR),
+                    context: h.context,
+                    aux: h.aux,
+                    ..Header::default()
+                };
+                out.push_vec(p.src, e, wire::err(why, 0, 0).to_vec());
+            }
+        };
+        let msg = match wire::decode(kind, &h, p.payload) {
+            Ok(m) => m,
+            Err(e) => {
+                self.stray(p.src, &e.to_string());
+                refuse(out, Refusal::Malformed);
+                return;
+            }
+        };
+        let max_reply = self.max_to.get(p.src as usize).copied().unwrap_or(0);
+        let Some(slot) = self.wins.get_mut(&h.context) else {
+            self.stray(p.src, "a window this process does not have");
+            refuse(out, Refusal::UnknownWindow);
+            return;
+        };
+        match msg {
+            Msg::Post => *slot.origin.posts.entry(p.src).or_default() += 1,
+            Msg::Err { why, disp, len } if h.aux == 0 => {
+                slot.origin.refusals_seen += 1;
+                slot.origin.refusals.push(Refused {
+                    target: p.src,
+                    why,
+                    disp,
+                    len,
+                });
+            }
+            Msg::Result { .. } | Msg::Grant | Msg::Ack | Msg::Err { .. } => {
+                if !slot.origin.answer(p.src, h.aux, msg) {
+                    self.stray(p.src, "an answer to no request");
+                }
+            }
+            _ => slot
+                .target
+                .serve(p.src, &h, msg, max_reply, &mut |(to, mut rh, payload)| {
+                    rh.kind = ProtocolId::RMA.kind(rh.kind as u8);
+                    out.push_vec(to, rh, payload);
+                }),
+        }
+    }
+}

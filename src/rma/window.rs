@@ -1,0 +1,631 @@
+//! Windows: made collectively over a communicator, in three flavours, each member
+//! reached by the fastest route this process has to it.
+
+use super::RmaError;
+use super::proto::{Keep, Rma};
+use super::target::{Memory, TargetWin};
+use crate::channel::Channel;
+use crate::op::Op;
+use crate::p2p::{Comm, Locality, World};
+use crate::progress::ProtocolId;
+use bytemuck::Pod;
+use nemesis_shm::window::WinFile;
+use std::any::Any;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Where a window's memory comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Flavor {
+    /// Allocated by nemesis in shared memory ([`Window::allocate`]).
+    Allocate,
+    /// The caller's vector ([`Window::create`]).
+    Create,
+    /// Attached and detached later ([`Window::dynamic`]).
+    Dynamic,
+}
+
+impl Flavor {
+    fn code(self) -> u64 {
+        self as u64 + 1
+    }
+}
+
+/// How this process reaches a member's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// Our own memory, at this address.
+    Own(usize),
+    /// Mapped here, at this address.
+    Shm(usize),
+    /// Another process of this node, by cross-memory attach.
+    Cma {
+        /// Its process id.
+        pid: i32,
+        /// Where its memory starts in its address space.
+        addr: u64,
+    },
+    /// Messages served by the member's progress core.
+    Am,
+}
+
+/// One member of a window, as this process sees it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Peer {
+    /// Its world rank.
+    pub(crate) world: u32,
+    /// Bytes of its memory (0 for a dynamic window, whose memory is checked by the
+    /// member itself).
+    pub(crate) len: u64,
+    pub(crate) route: Route,
+    /// Its index in this node's window file, if it maps one with us.
+    pub(crate) member: Option<usize>,
+}
+
+/// The caller's vector of a created window, kept where nothing moves it until the
+/// window gives it back.
+struct Owned {
+    addr: usize,
+    vec: Mutex<Option<Box<dyn Any + Send>>>,
+}
+
+/// A window of elements of `T` over a communicator: each member's memory, and the
+/// routes to it. Made with [`Window::allocate`], [`Window::create`] or
+/// [`Window::dynamic`]; reached through epochs; ended with [`Window::free`]. A window
+/// dropped without `free` keeps its memory until its world is dropped.
+pub struct Window<T: Pod> {
+    pub(crate) world: u64,
+    pub(crate) id: u32,
+    pub(crate) comm: Comm,
+    flavor: Flavor,
+    pub(crate) type_tag: u32,
+    pub(crate) me: u32,
+    pub(crate) peers: Vec<Peer>,
+    pub(crate) file: Option<Arc<WinFile>>,
+    /// Our index in the node's window file.
+    pub(crate) member: Option<usize>,
+    /// Our own memory: its address and bytes.
+    local: (usize, usize),
+    /// Every member maps the window file: locks are its tickets, a fence its barrier.
+    pub(crate) shm_sync: bool,
+    owned: Option<Arc<Owned>>,
+    /// Cross-memory attach failed once: members on the node are reached by messages.
+    cma_off: AtomicBool,
+    _t: PhantomData<T>,
+}
+
+impl<T: Pod> std::fmt::Debug for Window<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Window")
+            .field("id", &self.id)
+            .field("flavor", &self.flavor)
+            .field("rank", &self.me)
+            .field("members", &self.peers.len())
+            .field("shm_sync", &self.shm_sync)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A tag that differs between element types (their name and size), so members that
+/// made a window of different types are caught, and so is a packet for another type.
+pub(crate) fn type_tag<T>() -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in std::any::type_name::<T>()
+        .bytes()
+        .chain((size_of::<T>() as u64).to_le_bytes())
+    {
+        h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
+    }
+    h
+}
+
+/// The one-sided protocol of `world`, registered on first use.
+pub(crate) fn rma<C: Channel>(world: &mut World<C>) -> &mut Rma {
+    if world.core.protocol::<Rma>(ProtocolId::RMA).is_none() {
+        let max_to = (0..world.size())
+            .map(|r| world.channel().max_payload_to(r))
+            .collect();
+        let p = Rma::new(world.rank(), max_to);
+        // The id is reserved for this layer: nobody else can have taken it.
+        let _ = world.core.register(ProtocolId::RMA, p);
+    }
+    world
+        .core
+        .protocol_mut::<Rma>(ProtocolId::RMA)
+        .expect("registered just now")
+}
+
+/// Agrees whether every member succeeded: `Ok` if all did, else the error of the
+/// lowest member that failed, in full here and named elsewhere.
+fn agree<C: Channel>(
+    world: &mut World<C>,
+    comm: &Comm,
+    mine: Option<RmaError>,
+    what: &str,
+    bytes: u64,
+) -> Result<(), RmaError> {
+    let mut v = [if mine.is_some() { comm.rank() } else { u32::MAX }];
+    world.allreduce(comm, &mut v, Op::Min)?;
+    match (v[0], mine) {
+        (u32::MAX, _) => Ok(()),
+        (_, Some(e)) => Err(e),
+        (r, None) => Err(RmaError::Memory {
+            bytes,
+            reason: format!("rank {r} could not {what}"),
+        }),
+    }
+}
+
+impl<T: Pod> Window<T> {
+    /// Makes a window of `len` elements at every member, allocated by nemesis in a file
+    /// of the node's shared-memory directory (`NEMESIS_SHM_DIR`) that every member on
+    /// the node maps. Collective over `comm`; `len` may differ between members.
+    ///
+    /// # Errors
+    /// [`RmaError::Memory`] when the directory cannot hold the window (with the sizes
+    /// and the variable), [`RmaError::CollectiveMismatch`] when members disagree on the
+    /// flavour or the element type, and the collectives' errors.
+    pub fn allocate<C: Channel>(world: &mut World<C>, comm: &Comm, len: usize) -> Result<Self, RmaError>
+    where
+        T: Send,
+    {
+        let bytes = len
+            .checked_mul(size_of::<T>())
+            .ok_or_else(|| RmaError::InvalidArgument(format!("a window of {len} elements overflows")))?;
+        Self::make(world, comm, Flavor::Allocate, bytes as u64, None)
+    }
+
+    /// Makes a window over `mem`, which the window owns until [`Window::free`] gives it
+    /// back (so no other process can write into memory the program reuses). Collective
+    /// over `comm`.
+    ///
+    /// # Errors
+    /// As for [`Window::allocate`].
+    pub fn create<C: Channel>(world: &mut World<C>, comm: &Comm, mem: Vec<T>) -> Result<Self, RmaError>
+    where
+        T: Send,
+    {
+        let bytes = (mem.len() * size_of::<T>()) as u64;
+        Self::make(world, comm, Flavor::Create, bytes, Some(mem))
+    }
+
+    /// Makes a window without memory: each member attaches and detaches its own later
+    /// ([`Window::attach`]), and displacements name attached memory ([`Region::disp`]).
+    /// Collective over `comm`.
+    ///
+    /// # Errors
+    /// As for [`Window::allocate`].
+    pub fn dynamic<C: Channel>(world: &mut World<C>, comm: &Comm) -> Result<Self, RmaError>
+    where
+        T: Send,
+    {
+        Self::make(world, comm, Flavor::Dynamic, 0, None)
+    }
+
+    fn make<C: Channel>(
+        world: &mut World<C>,
+        comm: &Comm,
+        flavor: Flavor,
+        bytes: u64,
+        mem: Option<Vec<T>>,
+    ) -> Result<Self, RmaError>
+    where
+        T: Send,
+    {
+        let size = size_of::<T>();
+        if size == 0 {
+            return Err(RmaError::InvalidArgument(
+                "a window's element type must have a size".into(),
+            ));
+        }
+        world.check_comm(comm)?;
+        let (n, me, my_world) = (comm.size() as usize, comm.rank(), world.rank());
+        let tag = type_tag::<T>();
+        let next = rma(world).next_id;
+        let mut id = [next];
+        world.allreduce(comm, &mut id, Op::Max)?;
+        let id = id[0];
+        rma(world).next_id = id.wrapping_add(1).max(1);
+        // Members on this node, in communicator order; the first makes the file.
+        let locality = world.locality().to_vec();
+        let node: Vec<u32> = (0..n as u32)
+            .filter(|&r| {
+                let w = comm.world_rank(r).expect("a member");
+                w == my_world || locality[w as usize] == Locality::Local
+            })
+            .collect();
+        let leader = node[0] == me;
+        let nonce = if leader && flavor == Flavor::Allocate {
+            crate::bootstrap::random_job_id()
+        } else {
+            0
+        };
+        let owned = mem.map(|v| {
+            let addr = v.as_ptr() as usize;
+            Arc::new(Owned {
+                addr,
+                vec: Mutex::new(Some(Box::new(v))),
+            })
+        });
+        let base = owned.as_ref().map_or(0, |o| o.addr as u64);
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() } as u64;
+        let rec = [
+            u64::from(my_world),
+            flavor.code(),
+            size as u64,
+            u64::from(tag),
+            bytes,
+            pid,
+            base,
+            nonce,
+        ];
+        let mut all = vec![0u64; 8 * n];
+        world.allgather(comm, &rec, &mut all)?;
+        let field = |r: usize, i: usize| all[8 * r + i];
+        for r in 0..n {
+            if field(r, 1) != flavor.code() || field(r, 2) != size as u64 || field(r, 3) != u64::from(tag) {
+                return Err(RmaError::CollectiveMismatch(format!(
+                    "rank {me} made a {flavor:?} window of {} ({size} bytes), rank {r} a window of flavour {} with {}-byte elements of another type",
+                    std::any::type_name::<T>(),
+                    field(r, 1),
+                    field(r, 2)
+                )));
+            }
+        }
+        // Memory.
+        let my_index = node.iter().position(|&r| r == me);
+        let mut file = None;
+        if flavor == Flavor::Allocate {
+            let sizes: Vec<u64> = node.iter().map(|&r| field(r as usize, 4)).collect();
+            let name = format!("nemesis-win-{:016x}", field(node[0] as usize, 7));
+            let dir = nemesis_shm::config::shm_dir();
+            let node_bytes: u64 = sizes.iter().sum();
+            let mut err = None;
+            if leader {
+                match WinFile::create(&dir, &name, &sizes) {
+                    Ok(f) => file = Some(Arc::new(f)),
+                    Err(e) => {
+                        err = Some(RmaError::Memory {
+                            bytes: node_bytes,
+                            reason: e.to_string(),
+                        })
+                    }
+                }
+            }
+            agree(world, comm, err, "make its node's window file", node_bytes)?;
+            let mut err = None;
+            if !leader {
+                match WinFile::open(&dir, &name, &sizes) {
+                    Ok(Some(f)) => file = Some(Arc::new(f)),
+                    Ok(None) => {
+                        err = Some(RmaError::Memory {
+                            bytes: node_bytes,
+                            reason: format!("the window file {name} is not in {}", dir.display()),
+                        })
+                    }
+                    Err(e) => {
+                        err = Some(RmaError::Memory {
+                            bytes: node_bytes,
+                            reason: e.to_string(),
+                        })
+                    }
+                }
+            }
+            let r = agree(world, comm, err, "map its node's window file", node_bytes);
+            if leader && let Some(f) = &file {
+                f.unlink();
+            }
+            r?;
+        }
+        let cma = flavor == Flavor::Create && n > 1 && nemesis_lmt::cma::probe().is_ok();
+        let peers: Vec<Peer> = (0..n)
+            .map(|r| {
+                let w = field(r, 0) as u32;
+                let member = node
+                    .iter()
+                    .position(|&m| m as usize == r)
+                    .filter(|_| file.is_some());
+                let route = match flavor {
+                    Flavor::Dynamic => Route::Am,
+                    Flavor::Allocate => match (&file, member) {
+                        (Some(f), Some(m)) => {
+                            let a = f.data(m).0.as_ptr() as usize;
+                            if r == me as usize {
+                                Route::Own(a)
+                            } else {
+                                Route::Shm(a)
+                            }
+                        }
+                        _ => Route::Am,
+                    },
+                    Flavor::Create if r == me as usize => Route::Own(base as usize),
+                    Flavor::Create if cma && locality[w as usize] == Locality::Local => Route::Cma {
+                        pid: field(r, 5) as i32,
+                        addr: field(r, 6),
+                    },
+                    Flavor::Create => Route::Am,
+                };
+                Peer {
+                    world: w,
+                    len: field(r, 4),
+                    route,
+                    member,
+                }
+            })
+            .collect();
+        let local = match peers[me as usize].route {
+            Route::Own(a) => (a, bytes as usize),
+            _ => (0, 0),
+        };
+        let memory = match flavor {
+            Flavor::Dynamic => Memory::Dynamic {
+                pieces: Default::default(),
+            },
+            _ => Memory::Flat {
+                base: local.0,
+                len: local.1,
+            },
+        };
+        let mut keep: Vec<Keep> = Vec::new();
+        if let Some(f) = &file {
+            keep.push(f.clone());
+        }
+        if let Some(o) = &owned {
+            keep.push(o.clone());
+        }
+        rma(world).add(id, n, TargetWin::new(memory, tag, size), keep);
+        // Nobody sends a request before every member has registered the window.
+        if let Err(e) = world.barrier(comm) {
+            rma(world).remove(id);
+            return Err(e.into());
+        }
+        Ok(Self {
+            world: world.id,
+            id,
+            comm: comm.clone(),
+            flavor,
+            type_tag: tag,
+            me,
+            shm_sync: flavor == Flavor::Allocate && file.is_some() && node.len() == n,
+            peers,
+            file,
+            member: my_index.filter(|_| flavor == Flavor::Allocate),
+            local,
+            owned,
+            cma_off: AtomicBool::new(false),
+            _t: PhantomData,
+        })
+    }
+
+    /// Ends the window: collective over its communicator, after every member has closed
+    /// its epochs. Gives back the vector of a created window.
+    ///
+    /// # Errors
+    /// [`RmaError::Wrong`] for a world other than the window's, and the barrier's.
+    pub fn free<C: Channel>(self, world: &mut World<C>) -> Result<Option<Vec<T>>, RmaError> {
+        self.check_world(world)?;
+        world.barrier(&self.comm)?;
+        drop(rma(world).remove(self.id));
+        let Some(owned) = self.owned else {
+            return Ok(None);
+        };
+        let owned = match Arc::try_unwrap(owned) {
+            Ok(o) => o,
+            Err(_) => return Err(RmaError::Wrong("the window's memory is still in use")),
+        };
+        let v = owned.vec.into_inner().unwrap_or_else(|e| e.into_inner());
+        Ok(v.and_then(|b| b.downcast::<Vec<T>>().ok()).map(|b| *b))
+    }
+
+    pub(crate) fn check_world<C: Channel>(&self, world: &World<C>) -> Result<(), RmaError> {
+        if world.id != self.world {
+            return Err(RmaError::Wrong("the window belongs to another world"));
+        }
+        Ok(())
+    }
+
+    /// Its flavour.
+    pub fn flavor(&self) -> Flavor {
+        self.flavor
+    }
+
+    /// Its communicator.
+    pub fn comm(&self) -> &Comm {
+        &self.comm
+    }
+
+    /// Elements of this member's memory (0 for a dynamic window).
+    pub fn len(&self) -> usize {
+        self.local.1 / size_of::<T>()
+    }
+
+    /// Whether this member's memory is empty.
+    pub fn is_empty(&self) -> bool {
+        self.local.1 == 0
+    }
+
+    /// Elements of member `rank`'s memory, as the window was made (0 for a dynamic
+    /// window).
+    pub fn len_of(&self, rank: u32) -> Option<usize> {
+        self.peers
+            .get(rank as usize)
+            .map(|p| p.len as usize / size_of::<T>())
+    }
+
+    /// This member's memory seen as atomics, which others may update meanwhile: how a
+    /// program reads and writes its own window outside an exclusive self-lock. `None`
+    /// for a dynamic window.
+    pub fn local_atomics(&self) -> Option<&[T::Atomic]>
+    where
+        T: AtomicElem,
+    {
+        if self.flavor == Flavor::Dynamic {
+            return None;
+        }
+        let (addr, bytes) = self.local;
+        if bytes == 0 {
+            return Some(&[]);
+        }
+        // SAFETY: `AtomicElem` promises the atomic twin has `T`'s size and alignment;
+        // the memory is this window's own, aligned for `T`, and stays mapped (or
+        // allocated) while the window lives; every access through these is atomic.
+        Some(unsafe { std::slice::from_raw_parts(addr as *const T::Atomic, bytes / size_of::<T>()) })
+    }
+
+    /// Where this member's memory starts (null for a dynamic window). Reading or
+    /// writing through it races with other members' operations unless the program
+    /// synchronises them (an exclusive self-lock, a fence).
+    pub fn local_ptr(&self) -> *mut T {
+        self.local.0 as *mut T
+    }
+
+    /// Where member `rank`'s memory is mapped in this process, and its elements: for
+    /// members of an allocated window on this node (MPI's shared query).
+    pub fn peer_ptr(&self, rank: u32) -> Option<(*mut T, usize)> {
+        let p = self.peers.get(rank as usize)?;
+        match p.route {
+            Route::Own(a) | Route::Shm(a) if self.flavor == Flavor::Allocate => {
+                Some((a as *mut T, p.len as usize / size_of::<T>()))
+            }
+            _ => None,
+        }
+    }
+
+    /// Attaches `mem` to this member's part of a dynamic window; others reach it at
+    /// [`Region::disp`] (which this member tells them, by a message for instance).
+    ///
+    /// # Errors
+    /// [`RmaError::Wrong`] for a window that is not dynamic or of another world;
+    /// [`RmaError::InvalidArgument`] for empty memory.
+    pub fn attach<C: Channel>(&self, world: &mut World<C>, mem: Vec<T>) -> Result<Region, RmaError>
+    where
+        T: Send,
+    {
+        self.check_world(world)?;
+        if self.flavor != Flavor::Dynamic {
+            return Err(RmaError::Wrong("only a dynamic window takes attached memory"));
+        }
+        if mem.is_empty() {
+            return Err(RmaError::InvalidArgument(
+                "attached memory must not be empty".into(),
+            ));
+        }
+        let addr = mem.as_ptr() as u64;
+        let len = mem.len();
+        let slot = rma(world)
+            .slot_mut(self.id)
+            .ok_or(RmaError::Wrong("the window was freed"))?;
+        if let Memory::Dynamic { pieces } = &mut slot.target.mem {
+            pieces.insert(addr, len * size_of::<T>());
+        }
+        slot.attached.insert(addr, Box::new(mem));
+        Ok(Region {
+            addr,
+            len,
+            elem: size_of::<T>(),
+        })
+    }
+
+    /// Detaches memory attached with [`Window::attach`] and gives it back. Requests
+    /// that reach it afterwards are refused.
+    ///
+    /// # Errors
+    /// [`RmaError::Wrong`] for memory this window does not hold.
+    pub fn detach<C: Channel>(&self, world: &mut World<C>, region: Region) -> Result<Vec<T>, RmaError> {
+        self.check_world(world)?;
+        let slot = rma(world)
+            .slot_mut(self.id)
+            .ok_or(RmaError::Wrong("the window was freed"))?;
+        let mem = slot
+            .attached
+            .remove(&region.addr)
+            .ok_or(RmaError::Wrong("memory this window did not attach"))?;
+        if let Memory::Dynamic { pieces } = &mut slot.target.mem {
+            pieces.remove(&region.addr);
+        }
+        mem.downcast::<Vec<T>>()
+            .map(|b| *b)
+            .map_err(|_| RmaError::Wrong("memory of another element type"))
+    }
+
+    /// Whether cross-memory attach has failed here once.
+    pub(crate) fn cma_off(&self) -> bool {
+        self.cma_off.load(Ordering::Relaxed)
+    }
+
+    /// Gives cross-memory attach up: the kernel refused it (a seccomp filter, a
+    /// ptrace scope changed since start-up); messages reach the same memory.
+    pub(crate) fn give_up_cma(&self) {
+        if !self.cma_off.swap(true, Ordering::Relaxed) {
+            eprintln!(
+                "nemesis: rank {} reaches window {}'s members on this node by messages: cross-memory attach was refused",
+                self.me, self.id
+            );
+        }
+    }
+
+    /// The world ranks of the members, for failure checks.
+    pub(crate) fn world_ranks(&self) -> Vec<u32> {
+        self.peers.iter().map(|p| p.world).collect()
+    }
+}
+
+/// Memory attached to a dynamic window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Region {
+    addr: u64,
+    len: usize,
+    elem: usize,
+}
+
+impl Region {
+    /// The displacement, in elements, at which others reach the memory's first element.
+    pub fn disp(&self) -> usize {
+        (self.addr / self.elem as u64) as usize
+    }
+
+    /// Its elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it has none (never: empty memory is not attached).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// An element type with an atomic twin of the same size and alignment, through which a
+/// member reads and writes its own window while others may update it.
+///
+/// # Safety
+/// `Atomic` must have the size and alignment of `Self`, and hold the same values.
+pub unsafe trait AtomicElem: Pod {
+    /// The atomic twin.
+    type Atomic: Sync;
+}
+
+macro_rules! atomic_elem {
+    ($($t:ty => $a:ty),*) => {$(
+        // SAFETY: the standard library's atomic integers have their integer's size and
+        // alignment on every target that has them.
+        unsafe impl AtomicElem for $t {
+            type Atomic = $a;
+        }
+    )*};
+}
+
+atomic_elem!(
+    u8 => std::sync::atomic::AtomicU8,
+    u16 => std::sync::atomic::AtomicU16,
+    u32 => std::sync::atomic::AtomicU32,
+    u64 => std::sync::atomic::AtomicU64,
+    usize => std::sync::atomic::AtomicUsize,
+    i8 => std::sync::atomic::AtomicI8,
+    i16 => std::sync::atomic::AtomicI16,
+    i32 => std::sync::atomic::AtomicI32,
+    i64 => std::sync::atomic::AtomicI64,
+    isize => std::sync::atomic::AtomicIsize
+);
