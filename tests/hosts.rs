@@ -388,6 +388,44 @@ fn stress_across_two_hosts_over_each_netmod() {
     }
 }
 
+#[test]
+#[ignore = "child process of the multi-process tests"]
+fn child_rma_suite() {
+    child_main(|| {
+        let mut w = nemesis::init().map_err(|e| e.to_string())?;
+        for f in [
+            nemesis::rma::Flavor::Allocate,
+            nemesis::rma::Flavor::Create,
+            nemesis::rma::Flavor::Dynamic,
+        ] {
+            let done = common::rma::all(&mut w, f)?;
+            if w.rank() == 0 {
+                println!("{f:?}: {}", done.join(" "));
+            }
+        }
+        println!("rma suite done");
+        Ok(())
+    });
+}
+
+/// The one-sided checks, two ranks on each host: members on a host reach each other's
+/// memory directly (or by cross-memory attach), members on the other by messages, and
+/// updates of one word from both kinds of origin stay atomic.
+#[test]
+fn one_sided_checks_across_two_hosts_over_each_netmod() {
+    let Some(h) = Hosts::new() else { return };
+    for netmod in NETMODS {
+        let o = h
+            .run(4, &format!("{},{}", h.a, h.b))
+            .env("NEMESIS_NETMOD", netmod)
+            .env("NEM_TEST_CHILD", "1")
+            .args(child_args("rma_suite"))
+            .output()
+            .unwrap();
+        assert_ranks_said(&o, "rma suite done", 4, netmod);
+    }
+}
+
 /// udp over a link that loses about 5 % of the datagrams and duplicates about 1 %:
 /// every message still arrives, once and in order.
 #[test]

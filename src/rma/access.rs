@@ -187,6 +187,28 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
         Ok(p)
     }
 
+    /// Fails if one of `targets`, reached through memory, is known to have died: a put
+    /// into a dead member's memory succeeds, so flush and unlock ask now and then.
+    pub(crate) fn check_alive(&mut self, targets: &[u32]) -> Result<(), RmaError> {
+        let every = self.world.config().failure_check;
+        let mapped = |t: &u32| {
+            matches!(
+                self.win.peers[*t as usize].route,
+                Route::Shm(_) | Route::Cma { .. }
+            )
+        };
+        if !targets.iter().any(mapped) || !self.win.liveness_due(every) {
+            return Ok(());
+        }
+        for &t in targets.iter().filter(|t| mapped(t)) {
+            let w = self.win.peers[t as usize].world;
+            if let Err(crate::ChannelError::PeerFailed { reason, .. }) = self.world.channel().check_peer(w) {
+                return Err(RmaError::PeerFailed { rank: t, reason });
+            }
+        }
+        Ok(())
+    }
+
     /// Moves progress on once where others may reach this process by messages: an
     /// origin spinning on its own memory (a compare-and-swap on a lock word) must still
     /// serve the requests that would let it go on.
@@ -875,6 +897,9 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
             Some(t) => vec![t],
             None => (0..self.win.peers.len() as u32).collect(),
         };
+        if let Err(e) = self.check_alive(&members) {
+            first.get_or_insert(e);
+        }
         let owed: Vec<u32> = {
             let s = rma(self.world).slot_mut(id);
             match s {

@@ -18,7 +18,7 @@
 
 use super::access::{Ops, Reach};
 use super::proto::Want;
-use super::window::{Flavor, Route, Window, rma};
+use super::window::{Flavor, Window, rma};
 use super::{Assert, LockKind, RmaError, wire};
 use crate::channel::{Channel, NemesisChannel};
 use crate::op::Op;
@@ -784,6 +784,14 @@ fn release<T: Pod, C: Channel>(
     if hurry {
         return Ok(());
     }
+    let tickets: Vec<u32> = held
+        .iter()
+        .filter(|h| h.how == How::Ticket)
+        .map(|h| h.target)
+        .collect();
+    if let Err(e) = ops.check_alive(&tickets) {
+        first.get_or_insert(e);
+    }
     if let Err(e) = ops.wait_reqs(&reqs) {
         first.get_or_insert(e);
     }
@@ -796,7 +804,6 @@ fn release<T: Pod, C: Channel>(
     if let Err(e) = ops.take_refusals(None) {
         first.get_or_insert(e);
     }
-    let _ = Route::Am;
     first.map_or(Ok(()), Err)
 }
 

@@ -12,7 +12,7 @@ use bytemuck::Pod;
 use nemesis_shm::window::WinFile;
 use std::any::Any;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Where a window's memory comes from.
@@ -92,6 +92,10 @@ pub struct Window<T: Pod> {
     owned: Option<Arc<Owned>>,
     /// Cross-memory attach failed once: members on the node are reached by messages.
     cma_off: AtomicBool,
+    /// When the window was made, and the last liveness check of members reached
+    /// through memory (milliseconds after that).
+    born: std::time::Instant,
+    checked_ms: AtomicU64,
     _t: PhantomData<T>,
 }
 
@@ -395,6 +399,8 @@ impl<T: Pod> Window<T> {
             local,
             owned,
             cma_off: AtomicBool::new(false),
+            born: std::time::Instant::now(),
+            checked_ms: AtomicU64::new(0),
             _t: PhantomData,
         })
     }
@@ -548,6 +554,18 @@ impl<T: Pod> Window<T> {
         mem.downcast::<Vec<T>>()
             .map(|b| *b)
             .map_err(|_| RmaError::Wrong("memory of another element type"))
+    }
+
+    /// Whether members reached through memory are due a liveness check: once every
+    /// `every`, since a check costs a system call and a put into mapped memory none.
+    pub(crate) fn liveness_due(&self, every: std::time::Duration) -> bool {
+        let now = self.born.elapsed().as_millis() as u64;
+        let last = self.checked_ms.load(Ordering::Relaxed);
+        if now.saturating_sub(last) < every.as_millis() as u64 {
+            return false;
+        }
+        self.checked_ms.store(now, Ordering::Relaxed);
+        true
     }
 
     /// Whether cross-memory attach has failed here once.
