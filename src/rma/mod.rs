@@ -63,6 +63,8 @@ pub use access::{Get, Ops};
 pub use elem::AccOp;
 pub use epoch::{AccessEpoch, ExposureEpoch, FenceEpoch, LockEpoch};
 pub use window::{AtomicElem, Flavor, Region, Window};
+#[doc(hidden)]
+pub use target::serve_bytes;
 
 use crate::p2p::P2pError;
 use wire::Refusal;

@@ -344,6 +344,34 @@ impl TargetWin {
     }
 }
 
+/// What the request `payload` of `kind` (with `h`'s flags and request number) does to
+/// a window over `window`, of elements of `elem_size` bytes tagged `type_tag`, coming
+/// from rank 1: the replies it sends, as (kind, payload). The target's checks and
+/// effects on a plain buffer, for the fuzz target and tests; nothing else calls it.
+#[doc(hidden)]
+pub fn serve_bytes(
+    window: &mut [u8],
+    elem_size: usize,
+    type_tag: u32,
+    h: Header,
+    kind: u8,
+    payload: &[u8],
+) -> Vec<(u8, Vec<u8>)> {
+    let mut t = TargetWin::new(
+        Memory::Flat {
+            base: window.as_mut_ptr() as usize,
+            len: window.len(),
+        },
+        type_tag,
+        elem_size,
+    );
+    let mut out = Vec::new();
+    if let Ok(msg) = wire::decode(kind, &h, payload) {
+        t.serve(1, &h, msg, 4096, &mut |(_, rh, p)| out.push((rh.kind as u8, p)));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
