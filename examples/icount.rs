@@ -4,7 +4,13 @@
 //!
 //! Both ends live in this process, on one anonymous segment, so nothing spins or waits
 //! and the count is the same on every run.
+//!
+//! The one-sided counts (`rma-put`: an 8-byte put and its flush; `rma-fop`: an 8-byte
+//! fetch-and-add; `rma-lock`: an exclusive lock and its unlock) run rank 0 on this
+//! thread against a window that rank 1, on another thread, made with it and then leaves
+//! alone: the target of an allocated window takes no part.
 
+use nemesis::rma::{AccOp, LockKind, Window};
 use nemesis::shm::region::copy_into;
 use nemesis::shm::{Geometry, Segment};
 use nemesis::{Channel, Comm, Header, NemesisChannel, ShmChannel, WaitPolicy, World};
@@ -112,6 +118,75 @@ pub fn nemesis_icount_channel_window(
     got * 8
 }
 
+/// One 8-byte put into rank 1's memory and the flush that completes it.
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub fn nemesis_icount_rma_put(ep: &mut nemesis::rma::LockEpoch<'_, '_, u64>, msg: &[u64; 1]) -> usize {
+    match ep.put(msg, 1, 0).and_then(|_| ep.flush(1)) {
+        Ok(()) => 1,
+        Err(_) => 0,
+    }
+}
+
+/// One 8-byte fetch-and-add on rank 1's memory.
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub fn nemesis_icount_rma_fop(ep: &mut nemesis::rma::LockEpoch<'_, '_, u64>) -> usize {
+    ep.fetch_and_op(1, 1, 0, AccOp::Sum).map_or(0, |_| 1)
+}
+
+/// An exclusive lock of rank 1 and its unlock.
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub fn nemesis_icount_rma_lock(w: &mut World, win: &Window<u64>) -> usize {
+    match win.lock(w, 1, LockKind::Exclusive).and_then(|ep| ep.unlock()) {
+        Ok(()) => 1,
+        Err(_) => 0,
+    }
+}
+
+/// Runs `ops` of the one-sided count `what` as rank 0 against rank 1 on `b`'s thread;
+/// returns how many succeeded.
+fn rma(what: &str, a: NemesisChannel, b: NemesisChannel, ops: u64) -> u64 {
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let target = std::thread::spawn(move || {
+        let mut w = World::new(b).expect("world 1");
+        let c = w.comm();
+        let win = Window::<u64>::allocate(&mut w, &c, 1).expect("window 1");
+        // Rank 1 takes no part in what rank 0 counts: it waits here, asleep.
+        let _ = done_rx.recv();
+        w.barrier(&c).expect("barrier 1");
+        win.free(&mut w).expect("free 1");
+    });
+    let mut w = World::new(a).expect("world 0");
+    let c = w.comm();
+    let win = Window::<u64>::allocate(&mut w, &c, 1).expect("window 0");
+    let mut ok = 0u64;
+    match what {
+        "rma-lock" => {
+            for _ in 0..ops {
+                ok += nemesis_icount_rma_lock(&mut w, &win) as u64;
+            }
+        }
+        _ => {
+            let mut ep = win.lock(&mut w, 1, LockKind::Shared).expect("lock");
+            for _ in 0..ops {
+                ok += if what == "rma-put" {
+                    nemesis_icount_rma_put(&mut ep, &[7])
+                } else {
+                    nemesis_icount_rma_fop(&mut ep)
+                } as u64;
+            }
+            ep.unlock().expect("unlock");
+        }
+    }
+    let _ = done_tx.send(());
+    w.barrier(&c).expect("barrier 0");
+    win.free(&mut w).expect("free 0");
+    target.join().expect("rank 1");
+    ok
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let what = args.next().unwrap_or_else(|| "channel".into());
@@ -171,8 +246,19 @@ fn main() {
             }
             into = bufs[WINDOW - 1];
         }
+        "rma-put" | "rma-fop" | "rma-lock" => {
+            let ok = rma(what.as_str(), a, b, ops);
+            if ok != ops {
+                eprintln!("icount: {ok} of {ops} one-sided operations succeeded");
+                std::process::exit(1);
+            }
+            println!("{ops} ops");
+            return;
+        }
         other => {
-            eprintln!("icount: unknown layer {other:?} (expected: channel, p2p, stream or channel-stream)");
+            eprintln!(
+                "icount: unknown layer {other:?} (expected: channel, p2p, stream, channel-stream, rma-put, rma-fop or rma-lock)"
+            );
             std::process::exit(2);
         }
     }

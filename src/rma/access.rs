@@ -25,8 +25,38 @@ use std::ops::Range;
 pub(crate) enum Reach {
     /// Every member.
     All,
-    /// The members marked (by communicator rank).
-    Some(Vec<bool>),
+    /// The members in the set (by communicator rank).
+    Some(Members),
+}
+
+/// A set of members: the first 128 in a word, any others in a vector made only when
+/// needed, so that an epoch on one target allocates nothing.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Members {
+    low: u128,
+    high: Vec<bool>,
+}
+
+impl Members {
+    pub(crate) fn insert(&mut self, m: u32) {
+        if m < 128 {
+            self.low |= 1 << m;
+        } else {
+            let i = (m - 128) as usize;
+            if self.high.len() <= i {
+                self.high.resize(i + 1, false);
+            }
+            self.high[i] = true;
+        }
+    }
+
+    pub(crate) fn contains(&self, m: u32) -> bool {
+        if m < 128 {
+            self.low >> m & 1 == 1
+        } else {
+            self.high.get((m - 128) as usize).copied().unwrap_or(false)
+        }
+    }
 }
 
 /// A get's bytes arriving in packets, and the caller's buffer they go to.
@@ -156,7 +186,7 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
             size: n,
         })?;
         if let Reach::Some(m) = &self.reach
-            && !m[target as usize]
+            && !m.contains(target)
         {
             return Err(RmaError::NotInEpoch {
                 target,
@@ -187,23 +217,29 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
         Ok(p)
     }
 
-    /// Fails if one of `targets`, reached through memory, is known to have died: a put
-    /// into a dead member's memory succeeds, so flush and unlock ask now and then.
-    pub(crate) fn check_alive(&mut self, targets: &[u32]) -> Result<(), RmaError> {
-        let every = self.world.config().failure_check;
-        let mapped = |t: &u32| {
-            matches!(
-                self.win.peers[*t as usize].route,
-                Route::Shm(_) | Route::Cma { .. }
-            )
+    /// Fails if `target` (or any member), reached through memory, is known to have
+    /// died: a put into a dead member's memory succeeds, so flush and unlock ask now and
+    /// then (once every `NEMESIS_FAILURE_TIMEOUT`, as a check costs a system call).
+    pub(crate) fn check_alive(&mut self, target: Option<u32>) -> Result<(), RmaError> {
+        let mapped = |r: &Route| matches!(r, Route::Shm(_) | Route::Cma { .. });
+        let any = match target {
+            Some(t) => mapped(&self.win.peers[t as usize].route),
+            None => self.win.peers.iter().any(|p| mapped(&p.route)),
         };
-        if !targets.iter().any(mapped) || !self.win.liveness_due(every) {
+        if !any || !self.win.liveness_due(self.world.config().failure_check) {
             return Ok(());
         }
-        for &t in targets.iter().filter(|t| mapped(t)) {
-            let w = self.win.peers[t as usize].world;
-            if let Err(crate::ChannelError::PeerFailed { reason, .. }) = self.world.channel().check_peer(w) {
-                return Err(RmaError::PeerFailed { rank: t, reason });
+        for (t, p) in self.win.peers.iter().enumerate() {
+            if target.is_some_and(|x| x as usize != t) || !mapped(&p.route) {
+                continue;
+            }
+            if let Err(crate::ChannelError::PeerFailed { reason, .. }) =
+                self.world.channel().check_peer(p.world)
+            {
+                return Err(RmaError::PeerFailed {
+                    rank: t as u32,
+                    reason,
+                });
             }
         }
         Ok(())
@@ -282,7 +318,7 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
         let peers = self.win.world_ranks();
         let r = self
             .world
-            .wait_until(&|| format!("{} one-sided answers", reqs.len()), &peers, |w| {
+            .wait_until(&|| format!("{} one-sided answers", reqs.len()), peers, |w| {
                 rma(w)
                     .slot(id)
                     .is_none_or(|s| reqs.iter().all(|&q| s.origin.is_over(q)))
@@ -553,7 +589,7 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
             let peers = self.win.world_ranks();
             let r = self
                 .world
-                .wait_until(&|| "the first part of a get".into(), &peers, |w| {
+                .wait_until(&|| "the first part of a get".into(), peers, |w| {
                     rma(w)
                         .slot(id)
                         .and_then(|s| s.origin.pending.get(&req))
@@ -609,7 +645,7 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
         let peers = self.win.world_ranks();
         let r = self
             .world
-            .wait_until(&|| format!("{} gets", reqs.len()), &peers, |w| {
+            .wait_until(&|| format!("{} gets", reqs.len()), peers, |w| {
                 rma(w)
                     .slot(id)
                     .is_none_or(|s| reqs.iter().all(|&q| s.origin.is_over(q)))
@@ -860,6 +896,9 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
     /// # Errors
     /// The first refusal or failure among them.
     pub(crate) fn complete_local(&mut self, target: Option<u32>) -> Result<(), RmaError> {
+        if self.landings.is_empty() {
+            return Ok(());
+        }
         let id = self.win.id;
         let peers: Vec<u32> = self.win.peers.iter().map(|p| p.world).collect();
         let sel = target.map(|t| peers[t as usize]);
@@ -892,14 +931,18 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
         let mut first = self.complete_local(target).err();
         // Stores into mapped memory are complete once they are visible.
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        if let Err(e) = self.check_alive(target) {
+            first.get_or_insert(e);
+        }
+        if self.win.shm_sync {
+            // Every operation was a copy or an atomic on mapped memory: nothing is owed.
+            return first.map_or(Ok(()), Err);
+        }
         let id = self.win.id;
         let members: Vec<u32> = match target {
             Some(t) => vec![t],
             None => (0..self.win.peers.len() as u32).collect(),
         };
-        if let Err(e) = self.check_alive(&members) {
-            first.get_or_insert(e);
-        }
         let owed: Vec<u32> = {
             let s = rma(self.world).slot_mut(id);
             match s {

@@ -16,7 +16,7 @@
 //! can only report a failure on standard error; one forgotten (`mem::forget`) stays
 //! open, which blocks others but never touches memory it does not own.
 
-use super::access::{Ops, Reach};
+use super::access::{Members, Ops, Reach};
 use super::proto::Want;
 use super::window::{Flavor, Window, rma};
 use super::{Assert, LockKind, RmaError, wire};
@@ -56,21 +56,20 @@ macro_rules! ops_deref {
     };
 }
 
-/// A communicator's members as a mask, checked.
-fn group_mask<T: Pod>(win: &Window<T>, group: &[u32]) -> Result<Vec<bool>, RmaError> {
-    let n = win.peers.len();
-    let mut m = vec![false; n];
+/// A group of members as a set, checked.
+fn group_mask<T: Pod>(win: &Window<T>, group: &[u32]) -> Result<Members, RmaError> {
+    let n = win.peers.len() as u32;
+    let mut m = Members::default();
     for &r in group {
-        let slot = m.get_mut(r as usize).ok_or(RmaError::InvalidRank {
-            rank: r,
-            size: n as u32,
-        })?;
-        if *slot {
+        if r >= n {
+            return Err(RmaError::InvalidRank { rank: r, size: n });
+        }
+        if m.contains(r) {
             return Err(RmaError::InvalidArgument(format!(
                 "rank {r} is twice in the group"
             )));
         }
-        *slot = true;
+        m.insert(r);
     }
     Ok(m)
 }
@@ -177,7 +176,7 @@ fn fence_sync<T: Pod, C: Channel>(ops: &mut Ops<'_, '_, T, C>, assert: Assert) -
     ops.world
         .wait_until(
             &|| format!("the {expected} requests a fence expects"),
-            &peers,
+            peers,
             |w| rma(w).slot(id).is_none_or(|s| s.target.applied >= expected),
         )
         .map_err(|e| ops.fail(e))?;
@@ -196,7 +195,7 @@ fn fence_sync<T: Pod, C: Channel>(ops: &mut Ops<'_, '_, T, C>, assert: Assert) -
         .map_err(|e| ops.fail(e))?;
     let mine = refused[me];
     ops.world
-        .wait_until(&|| "the refusals a fence was told of".into(), &peers, |w| {
+        .wait_until(&|| "the refusals a fence was told of".into(), peers, |w| {
             rma(w).slot(id).is_none_or(|s| s.origin.refusals_seen >= mine)
         })
         .map_err(|e| ops.fail(e))?;
@@ -302,7 +301,7 @@ impl<T: Pod> Window<T> {
         let peers = self.world_ranks();
         let r = ops
             .world
-            .wait_until(&|| "the posts of an access epoch's targets".into(), &peers, |w| {
+            .wait_until(&|| "the posts of an access epoch's targets".into(), peers, |w| {
                 let s = rma(w).slot(id);
                 wants.iter().all(|&(t, n)| match shm_pair(self, t) {
                     Some((me, them)) => {
@@ -382,7 +381,7 @@ impl<'w, T: Pod> ExposureEpoch<'w, T> {
         win.check_world(world)?;
         let peers = win.world_ranks();
         world
-            .wait_until(&|| "the completes of an exposure epoch".into(), &peers, |w| {
+            .wait_until(&|| "the completes of an exposure epoch".into(), peers, |w| {
                 exposed_done(win, w)
             })
             .map_err(|e| match e {
@@ -454,11 +453,36 @@ struct Held {
     how: How,
 }
 
+/// The locks an epoch holds: one in place, more (a `lock_all`) on the heap.
+#[derive(Debug, Default)]
+struct Holds {
+    first: Option<Held>,
+    rest: Vec<Held>,
+}
+
+impl Holds {
+    fn push(&mut self, h: Held) {
+        if self.first.is_none() {
+            self.first = Some(h);
+        } else {
+            self.rest.push(h);
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Held> + Clone {
+        self.first.iter().chain(self.rest.iter())
+    }
+
+    fn len(&self) -> usize {
+        usize::from(self.first.is_some()) + self.rest.len()
+    }
+}
+
 /// A passive-target epoch: locks held on one or more targets ([`Window::lock`],
 /// [`Window::lock_all`]), which do nothing for them, ended by [`LockEpoch::unlock`].
 pub struct LockEpoch<'w, 'b, T: Pod, C: Channel = NemesisChannel> {
     ops: Option<Ops<'w, 'b, T, C>>,
-    held: Vec<Held>,
+    held: Holds,
 }
 
 ops_deref!(LockEpoch);
@@ -490,11 +514,10 @@ impl<T: Pod> Window<T> {
         kind: LockKind,
         assert: Assert,
     ) -> Result<LockEpoch<'w, 'b, T, C>, RmaError> {
-        let n = self.peers.len();
-        let ops = Ops::new(world, self, Reach::Some(vec![false; n]))?;
+        let ops = Ops::new(world, self, Reach::Some(Members::default()))?;
         let mut ep = LockEpoch {
             ops: Some(ops),
-            held: Vec::new(),
+            held: Holds::default(),
         };
         ep.take(&[target], kind, assert)?;
         Ok(ep)
@@ -522,10 +545,10 @@ impl<T: Pod> Window<T> {
         assert: Assert,
     ) -> Result<LockEpoch<'w, 'b, T, C>, RmaError> {
         let n = self.peers.len();
-        let ops = Ops::new(world, self, Reach::Some(vec![false; n]))?;
+        let ops = Ops::new(world, self, Reach::Some(Members::default()))?;
         let mut ep = LockEpoch {
             ops: Some(ops),
-            held: Vec::new(),
+            held: Holds::default(),
         };
         let all: Vec<u32> = (0..n as u32).collect();
         ep.take(&all, LockKind::Shared, assert)?;
@@ -568,7 +591,7 @@ impl<'w, 'b, T: Pod, C: Channel> LockEpoch<'w, 'b, T, C> {
         match how {
             How::NoCheck => {}
             How::Ticket => {
-                let f = win.file.clone().expect("shm_sync has the file");
+                let f = win.file.as_ref().expect("shm_sync has the file");
                 let peers = win.world_ranks();
                 for &t in targets {
                     let m = win.peers[t as usize].member.expect("shm_sync maps every member");
@@ -585,7 +608,7 @@ impl<'w, 'b, T: Pod, C: Channel> LockEpoch<'w, 'b, T, C> {
                     if !ours(lock) {
                         let r = ops
                             .world
-                            .wait_until(&|| format!("the lock of rank {t}"), &peers, |_| ours(lock));
+                            .wait_until(&|| format!("the lock of rank {t}"), peers, |_| ours(lock));
                         if let Err(e) = r {
                             // Our ticket is taken: wait for it anyway would block; leave
                             // the lock to the failure that ends the job.
@@ -594,7 +617,7 @@ impl<'w, 'b, T: Pod, C: Channel> LockEpoch<'w, 'b, T, C> {
                     }
                     self.held.push(Held { target: t, kind, how });
                     if let Reach::Some(m) = &mut ops.reach {
-                        m[t as usize] = true;
+                        m.insert(t);
                     }
                 }
                 return Ok(());
@@ -614,7 +637,7 @@ impl<'w, 'b, T: Pod, C: Channel> LockEpoch<'w, 'b, T, C> {
         for &t in targets {
             self.held.push(Held { target: t, kind, how });
             if let Reach::Some(m) = &mut ops.reach {
-                m[t as usize] = true;
+                m.insert(t);
             }
         }
         // What the previous holder wrote happens before what we read.
@@ -734,11 +757,7 @@ impl<'w, 'b, T: Pod, C: Channel> LockEpoch<'w, 'b, T, C> {
 
 /// Gives the locks in `held` back, after completing what the epoch did; `hurry` (while
 /// unwinding) waits for nothing.
-fn release<T: Pod, C: Channel>(
-    mut ops: Ops<'_, '_, T, C>,
-    held: Vec<Held>,
-    hurry: bool,
-) -> Result<(), RmaError> {
+fn release<T: Pod, C: Channel>(mut ops: Ops<'_, '_, T, C>, held: Holds, hurry: bool) -> Result<(), RmaError> {
     let mut first = None;
     if !hurry && let Err(e) = ops.complete_local(None) {
         first = Some(e);
@@ -746,7 +765,7 @@ fn release<T: Pod, C: Channel>(
     fence(Ordering::SeqCst);
     let win = ops.win;
     let mut reqs = Vec::new();
-    for h in &held {
+    for h in held.iter() {
         let excl = h.kind == LockKind::Exclusive;
         match h.how {
             How::Ticket => {
@@ -784,13 +803,15 @@ fn release<T: Pod, C: Channel>(
     if hurry {
         return Ok(());
     }
-    let tickets: Vec<u32> = held
-        .iter()
-        .filter(|h| h.how == How::Ticket)
-        .map(|h| h.target)
-        .collect();
-    if let Err(e) = ops.check_alive(&tickets) {
-        first.get_or_insert(e);
+    if held.iter().any(|h| h.how == How::Ticket) {
+        let one = if held.len() == 1 {
+            held.first.map(|h| h.target)
+        } else {
+            None
+        };
+        if let Err(e) = ops.check_alive(one) {
+            first.get_or_insert(e);
+        }
     }
     if let Err(e) = ops.wait_reqs(&reqs) {
         first.get_or_insert(e);
@@ -801,7 +822,10 @@ fn release<T: Pod, C: Channel>(
     {
         first.get_or_insert(e);
     }
-    if let Err(e) = ops.take_refusals(None) {
+    // Where every member maps the window no request went by message: none was refused.
+    if !win.shm_sync
+        && let Err(e) = ops.take_refusals(None)
+    {
         first.get_or_insert(e);
     }
     first.map_or(Ok(()), Err)

@@ -54,6 +54,7 @@
 mod access;
 mod elem;
 mod epoch;
+mod idmap;
 mod proto;
 mod target;
 mod window;
@@ -62,9 +63,9 @@ pub mod wire;
 pub use access::{Get, Ops};
 pub use elem::AccOp;
 pub use epoch::{AccessEpoch, ExposureEpoch, FenceEpoch, LockEpoch};
-pub use window::{AtomicElem, Flavor, Region, Window};
 #[doc(hidden)]
 pub use target::serve_bytes;
+pub use window::{AtomicElem, Flavor, Region, Window};
 
 use crate::p2p::P2pError;
 use wire::Refusal;

@@ -3,6 +3,7 @@
 //! to the target side of their window ([`super::target`]); replies are filed with the
 //! origin's request they answer, where the origin's epoch finds them.
 
+use super::idmap::IdMap;
 use super::target::TargetWin;
 use super::wire::{self, Msg, Refusal};
 use crate::channel::{Header, Packet, Rank};
@@ -62,13 +63,13 @@ pub(crate) struct Refused {
 #[derive(Debug)]
 pub(crate) struct OriginWin {
     next_req: u32,
-    pub(crate) pending: HashMap<u32, Pending>,
+    pub(crate) pending: IdMap<u32, Pending>,
     /// Refusals of requests without answers, not reported yet.
     pub(crate) refusals: Vec<Refused>,
     /// Such refusals received so far.
     pub(crate) refusals_seen: u64,
     /// Posts received from each target (world rank).
-    pub(crate) posts: HashMap<Rank, u32>,
+    pub(crate) posts: IdMap<Rank, u32>,
     /// Requests sent to each member (by communicator rank) so far: what a fence counts.
     pub(crate) issued: Vec<u64>,
     /// Members sent puts or accumulates since the last flush of them.
@@ -79,10 +80,10 @@ impl OriginWin {
     fn new(members: usize) -> Self {
         Self {
             next_req: 0,
-            pending: HashMap::new(),
+            pending: IdMap::default(),
             refusals: Vec::new(),
             refusals_seen: 0,
-            posts: HashMap::new(),
+            posts: IdMap::default(),
             issued: vec![0; members],
             unflushed: vec![false; members],
         }
@@ -168,12 +169,12 @@ pub(crate) struct Pscw {
     /// Origins of our posts that signal completion by messages.
     pub(crate) am_posted: u64,
     /// Our starts towards each member (communicator rank).
-    pub(crate) started: HashMap<u32, u32>,
+    pub(crate) started: IdMap<u32, u32>,
 }
 
 /// The one-sided protocol's state in one process.
 pub(crate) struct Rma {
-    wins: HashMap<u32, Slot>,
+    wins: IdMap<u32, Slot>,
     /// The next window number this process would propose.
     pub(crate) next_id: u32,
     /// The largest payload to each rank.
@@ -195,7 +196,7 @@ impl std::fmt::Debug for Rma {
 impl Rma {
     pub(crate) fn new(rank: Rank, max_to: Vec<usize>) -> Self {
         Self {
-            wins: HashMap::new(),
+            wins: IdMap::default(),
             next_id: 1,
             max_to,
             rank,

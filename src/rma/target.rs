@@ -9,9 +9,10 @@
 //! answered with a refusal, so the origin's operation fails instead of hanging.
 
 use super::elem;
+use super::idmap::IdMap;
 use super::wire::{self, AccHead, Msg, Refusal};
 use crate::channel::Header;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 /// The memory a target serves.
 #[derive(Debug)]
@@ -59,7 +60,7 @@ pub(crate) struct Lock {
     /// The exclusive holder.
     exclusive: Option<u32>,
     /// Shared holders and how many locks each holds.
-    shared: HashMap<u32, u32>,
+    shared: IdMap<u32, u32>,
     /// Waiting origins: rank, exclusive, request.
     queue: VecDeque<(u32, bool, u32)>,
 }
@@ -123,7 +124,7 @@ pub(crate) struct TargetWin {
     /// Requests applied or refused so far: what a fence counts.
     pub(crate) applied: u64,
     /// Requests refused so far, by origin (world rank).
-    pub(crate) refused: HashMap<u32, u64>,
+    pub(crate) refused: IdMap<u32, u64>,
     /// `COMPLETE`s received.
     pub(crate) completes: u64,
 }
@@ -144,7 +145,7 @@ impl TargetWin {
             elem_size,
             lock: Lock::default(),
             applied: 0,
-            refused: HashMap::new(),
+            refused: IdMap::default(),
             completes: 0,
         }
     }

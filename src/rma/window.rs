@@ -92,10 +92,11 @@ pub struct Window<T: Pod> {
     owned: Option<Arc<Owned>>,
     /// Cross-memory attach failed once: members on the node are reached by messages.
     cma_off: AtomicBool,
-    /// When the window was made, and the last liveness check of members reached
-    /// through memory (milliseconds after that).
-    born: std::time::Instant,
+    /// The last liveness check of members reached through memory, in milliseconds of
+    /// the coarse monotonic clock.
     checked_ms: AtomicU64,
+    /// The members' world ranks, for failure checks.
+    worlds: Vec<u32>,
     _t: PhantomData<T>,
 }
 
@@ -109,6 +110,18 @@ impl<T: Pod> std::fmt::Debug for Window<T> {
             .field("shm_sync", &self.shm_sync)
             .finish_non_exhaustive()
     }
+}
+
+/// Milliseconds of the coarse monotonic clock: a few nanoseconds to read, where a
+/// precise clock costs tens, and precise enough for checks a second apart.
+fn coarse_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer; the clock id is a constant.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
 }
 
 /// A tag that differs between element types (their name and size), so members that
@@ -393,14 +406,14 @@ impl<T: Pod> Window<T> {
             type_tag: tag,
             me,
             shm_sync: flavor == Flavor::Allocate && file.is_some() && node.len() == n,
+            worlds: peers.iter().map(|p| p.world).collect(),
             peers,
             file,
             member: my_index.filter(|_| flavor == Flavor::Allocate),
             local,
             owned,
             cma_off: AtomicBool::new(false),
-            born: std::time::Instant::now(),
-            checked_ms: AtomicU64::new(0),
+            checked_ms: AtomicU64::new(coarse_ms()),
             _t: PhantomData,
         })
     }
@@ -559,7 +572,7 @@ impl<T: Pod> Window<T> {
     /// Whether members reached through memory are due a liveness check: once every
     /// `every`, since a check costs a system call and a put into mapped memory none.
     pub(crate) fn liveness_due(&self, every: std::time::Duration) -> bool {
-        let now = self.born.elapsed().as_millis() as u64;
+        let now = coarse_ms();
         let last = self.checked_ms.load(Ordering::Relaxed);
         if now.saturating_sub(last) < every.as_millis() as u64 {
             return false;
@@ -585,8 +598,8 @@ impl<T: Pod> Window<T> {
     }
 
     /// The world ranks of the members, for failure checks.
-    pub(crate) fn world_ranks(&self) -> Vec<u32> {
-        self.peers.iter().map(|p| p.world).collect()
+    pub(crate) fn world_ranks(&self) -> &[u32] {
+        &self.worlds
     }
 }
 

@@ -1,27 +1,37 @@
-//! Timing barrier and a small allreduce among the processes of a node, through the
-//! node's shared blocks and through messages, round by round in the same processes.
+//! Timing barrier, a small allreduce and a one-sided fence among the processes of a
+//! node, through the node's shared blocks and through messages, round by round in the
+//! same processes.
 
 use super::{MeasureError, ROLE_VAR, Result, end_job, start_job};
 use nemesis::Channel;
 use nemesis::channel::NemesisChannel;
 use nemesis::p2p::{Config, Op, World};
+use nemesis::rma::{Assert, RmaError, Window};
 use std::time::Instant;
+
+fn rma(e: RmaError) -> MeasureError {
+    MeasureError::Other(e.to_string())
+}
 
 const COLL_VAR: &str = "NEMESIS_MEASURE_COLL";
 
-/// The collectives timed, in the order of [`CollRound::ns`].
-pub const COLL_ROWS: [(&str, &str); 4] = [
+/// The collectives timed, in the order of [`CollRound::ns`]. A fence is of a window
+/// allocated in shared memory with nothing to complete: what it costs beyond the
+/// barrier it ends with.
+pub const COLL_ROWS: [(&str, &str); 6] = [
     ("barrier", "node"),
     ("barrier", "messages"),
     ("allreduce", "node"),
     ("allreduce", "messages"),
+    ("fence", "node"),
+    ("fence", "messages"),
 ];
 
 /// One round: nanoseconds per call of each of [`COLL_ROWS`], as rank 0 saw them.
 #[derive(Debug, Clone, Copy)]
 pub struct CollRound {
     /// Per row of [`COLL_ROWS`].
-    pub ns: [f64; 4],
+    pub ns: [f64; 6],
 }
 
 /// Times `iters` barriers and `iters` 8-byte allreduces (one `f64` summed) among
@@ -60,7 +70,7 @@ fn run(ch: &mut NemesisChannel, iters: u64, rounds: u32) -> Result<Vec<CollRound
     let warmup = (iters / 10).max(10);
     let mut out = Vec::new();
     for _ in 0..rounds {
-        let mut ns = [0.0; 4];
+        let mut ns = [0.0; 6];
         for (i, node) in [true, false].into_iter().enumerate() {
             let mut w = World::with_config(
                 &mut *ch,
@@ -96,6 +106,18 @@ fn run(ch: &mut NemesisChannel, iters: u64, rounds: u32) -> Result<Vec<CollRound
                     w.size()
                 )));
             }
+            let win = Window::<u64>::allocate(&mut w, &c, 1).map_err(rma)?;
+            let mut ep = win.fence(&mut w, Assert::NONE).map_err(rma)?;
+            for _ in 0..warmup {
+                ep = ep.fence(Assert::NONE).map_err(rma)?;
+            }
+            let t = Instant::now();
+            for _ in 0..iters {
+                ep = ep.fence(Assert::NONE).map_err(rma)?;
+            }
+            ns[4 + i] = t.elapsed().as_nanos() as f64 / iters as f64;
+            ep.end(Assert::NONE).map_err(rma)?;
+            win.free(&mut w).map_err(rma)?;
             // Everyone finishes with this world before anyone makes the next.
             w.barrier(&c)?;
         }

@@ -14,6 +14,7 @@ pub mod peers;
 mod pin;
 mod requests;
 mod ring;
+mod rma;
 mod stats;
 #[cfg(feature = "verbs")]
 mod udmem;
@@ -24,6 +25,7 @@ pub use netmem::{UDP_MEMORY_SIZES, UdpMemory, udp_memory};
 pub use pin::{allowed_cpus, pair_cpus, pin_to, set_cpus};
 pub use requests::{Api, RequestsRow, requests};
 pub use ring::Ring;
+pub use rma::{GET_WINDOW, RmaOp, RmaSync};
 pub use stats::Summary;
 #[cfg(feature = "verbs")]
 pub use udmem::{UdMemory, ud_memory};
@@ -63,6 +65,7 @@ const OP_SINK_P2P: u32 = 7;
 const OP_TCP_CONNECT: u32 = 8;
 const OP_TCP_ECHO: u32 = 9;
 const OP_TCP_SINK: u32 = 10;
+const OP_RMA: u32 = 11;
 
 /// Which transport carries a pair's messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -924,6 +927,11 @@ fn partner() -> Result<()> {
                         s.write_all(&[0; 4]).map_err(io)?;
                     }
                 }
+            }
+            OP_RMA => {
+                let code = args_of(&buf[..len])?[2];
+                ch.send_bytes(0, ack, &[])?;
+                rma::serve(&mut ch, count, arg, code)?;
             }
             OP_QUIT => {
                 ch.flush(Duration::from_secs(10))?;

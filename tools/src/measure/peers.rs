@@ -200,7 +200,7 @@ fn collectives_unpinned(peers: &[Peer], plan: &Plan, counts: &[usize], out: &mut
     for &procs in counts {
         let ns = super::collectives(procs as u32, plan.coll_iters, 1)?
             .first()
-            .map_or([0.0; 4], |r| r.ns);
+            .map_or([0.0; 6], |r| r.ns);
         // COLL_ROWS: barrier node, barrier messages, allreduce node, allreduce messages.
         out.insert((Test::Barrier, procs, NEMESIS.to_string()), ns[1]);
         out.insert((Test::Allreduce, procs, NEMESIS.to_string()), ns[3]);

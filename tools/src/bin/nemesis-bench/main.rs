@@ -8,6 +8,8 @@ use nemesis_tools::measure::{self, Layer, Pair, Summary, Transport};
 use std::fmt::Write as _;
 use std::io::IsTerminal;
 
+mod rma;
+
 const AFTER_HELP: &str = "\
 Every measurement starts its own partner process from this executable; no set-up is
 needed. The two processes are pinned to two CPUs when there are two. Beside each
@@ -45,8 +47,8 @@ enum Cmd {
     Msgrate(RateArgs),
     /// A token passed round a ring of processes, which may outnumber the CPUs.
     Ring(RingArgs),
-    /// Barrier and 8-byte allreduce among processes, through the node's shared blocks
-    /// and through messages, interleaved round by round.
+    /// Barrier, 8-byte allreduce and one-sided fence among processes, through the
+    /// node's shared blocks and through messages, interleaved round by round.
     Coll(CollArgs),
     /// Size of the shared segment for a number of processes, with the current settings,
     /// and the udp layer's heap per peer, measured in the simulator.
@@ -61,6 +63,10 @@ enum Cmd {
     /// bandwidth (one receive buffer) and message rate, with nemesis/peer ratios.
     /// scripts/peers.sh builds the peers and calls this.
     Peers(PeersArgs),
+    /// One-sided operations (osu_put/get/acc/fop/cas_latency, lock and unlock, get
+    /// bandwidth) with flush or fence, beside the two-sided ping-pong and the probe of
+    /// the same pair, interleaved round by round.
+    Rma(rma::RmaArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -1243,7 +1249,9 @@ fn coll(a: &CollArgs, json: bool) -> Result<()> {
             "# {} calls per round, median of {} rounds, {cpus} usable cpus",
             a.iters, a.rounds
         );
-        println!("# node: through the node's shared blocks; messages: dissemination / recursive doubling");
+        println!(
+            "# node: through the node's shared blocks; messages: dissemination / recursive doubling; fence: of a window in shared memory"
+        );
         println!(
             "# {:>5} {:>10} {:>9} {:>10} {:>10} {:>10}",
             "procs", "collective", "path", "median ns", "min ns", "max ns"
@@ -1552,6 +1560,7 @@ fn run(cli: Cli) -> Result<()> {
         Some(Cmd::Memory(a)) => memory(&a, cli.json)?,
         Some(Cmd::Requests(a)) => requests(&a, cli.json)?,
         Some(Cmd::Peers(a)) => peers(&a, cli.json)?,
+        Some(Cmd::Rma(a)) => rma::rma(&a, cli.json)?,
         Some(Cmd::Calibrate(a)) => calibrate(&a, cli.json)?,
         None => {
             let lat = LatencyArgs::parse_defaults();
