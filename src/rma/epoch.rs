@@ -822,10 +822,7 @@ fn release<T: Pod, C: Channel>(mut ops: Ops<'_, '_, T, C>, held: Holds, hurry: b
     {
         first.get_or_insert(e);
     }
-    // Where every member maps the window no request went by message: none was refused.
-    if !win.shm_sync
-        && let Err(e) = ops.take_refusals(None)
-    {
+    if let Err(e) = ops.take_refusals(None) {
         first.get_or_insert(e);
     }
     first.map_or(Ok(()), Err)

@@ -52,17 +52,21 @@
 //! ```
 
 mod access;
+mod blocks;
 mod elem;
 mod epoch;
 mod idmap;
+mod ops;
 mod proto;
 mod target;
 mod window;
 pub mod wire;
 
-pub use access::{Get, Ops};
+pub use access::Ops;
+pub use blocks::Strided;
 pub use elem::AccOp;
 pub use epoch::{AccessEpoch, ExposureEpoch, FenceEpoch, LockEpoch};
+pub use ops::Get;
 #[doc(hidden)]
 pub use target::serve_bytes;
 pub use window::{AtomicElem, Flavor, Region, Window};

@@ -257,7 +257,9 @@ impl Protocol for Rma {
             if matches!(
                 kind,
                 wire::PUT
+                    | wire::PUTV
                     | wire::GET
+                    | wire::GETV
                     | wire::ACC
                     | wire::GACC
                     | wire::CAS

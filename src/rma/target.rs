@@ -129,6 +129,9 @@ pub(crate) struct TargetWin {
     pub(crate) completes: u64,
 }
 
+/// Why a request was refused: the reason, and the displacement and length it named.
+type Refused = (Refusal, u64, u64);
+
 /// A reply the target sends: to whom, its header (the kind in the low byte), payload.
 pub(crate) type Reply = (u32, Header, Vec<u8>);
 
@@ -172,6 +175,59 @@ impl TargetWin {
             Msg::Put { disp, data } => {
                 self.applied += 1;
                 self.put(disp, data)
+            }
+            Msg::PutV { blocks, data } => {
+                self.applied += 1;
+                match self.resolve_all(blocks) {
+                    Err(e) => Err(e),
+                    Ok(ptrs) => {
+                        let mut at = 0usize;
+                        for (p, len) in ptrs {
+                            // SAFETY: `resolve_all` checked that every block lies inside
+                            // the window; the decoder checked that the bytes cover them.
+                            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(at), p, len) };
+                            at += len;
+                        }
+                        Ok(())
+                    }
+                }
+            }
+            Msg::GetV { blocks } => {
+                self.applied += 1;
+                match self.resolve_all(blocks) {
+                    Err(e) => Err(e),
+                    Ok(ptrs) => {
+                        let chunk = max_reply.saturating_sub(wire::DISP_HEAD).max(1);
+                        let mut out: Vec<u8> = Vec::with_capacity(wire::DISP_HEAD + chunk);
+                        let mut sent = 0usize;
+                        for (p, len) in ptrs {
+                            let mut off = 0;
+                            while off < len {
+                                if out.is_empty() {
+                                    out.extend_from_slice(&wire::disp_head(sent as u64));
+                                }
+                                let n = (chunk + wire::DISP_HEAD - out.len()).min(len - off);
+                                let at = out.len();
+                                // SAFETY: as for `GET`: checked bytes of the window, copied
+                                // raw, never borrowed.
+                                unsafe {
+                                    out.reserve(n);
+                                    std::ptr::copy_nonoverlapping(p.add(off), out.as_mut_ptr().add(at), n);
+                                    out.set_len(at + n);
+                                }
+                                off += n;
+                                if out.len() == wire::DISP_HEAD + chunk {
+                                    sent += chunk;
+                                    reply((src, answer(wire::RESULT), std::mem::take(&mut out)));
+                                }
+                            }
+                        }
+                        if !out.is_empty() {
+                            reply((src, answer(wire::RESULT), out));
+                        }
+                        Ok(())
+                    }
+                }
             }
             Msg::Get { disp, len } => {
                 self.applied += 1;
@@ -282,7 +338,21 @@ impl TargetWin {
         }
     }
 
-    fn put(&mut self, disp: u64, data: &[u8]) -> Result<(), (Refusal, u64, u64)> {
+    /// Every block's address and length, if all of them lie inside the window.
+    fn resolve_all(&self, blocks: wire::Blocks<'_>) -> Result<Vec<(*mut u8, usize)>, Refused> {
+        blocks
+            .iter()
+            .map(|(disp, len)| {
+                self.mem.resolve(disp, len).map(|p| (p, len as usize)).ok_or((
+                    Refusal::OutOfBounds,
+                    disp,
+                    len,
+                ))
+            })
+            .collect()
+    }
+
+    fn put(&mut self, disp: u64, data: &[u8]) -> Result<(), Refused> {
         let len = data.len() as u64;
         let p = self
             .mem
@@ -295,7 +365,7 @@ impl TargetWin {
     }
 
     /// Checks an element update's head and finds its memory.
-    fn elems(&self, head: AccHead, bytes: usize) -> Result<(*mut u8, usize), (Refusal, u64, u64)> {
+    fn elems(&self, head: AccHead, bytes: usize) -> Result<(*mut u8, usize), Refused> {
         let len = bytes as u64;
         let size = elem::elem_size(head.code).ok_or((Refusal::WrongType, head.disp, len))?;
         if head.tag != self.type_tag || size != self.elem_size {
@@ -314,7 +384,7 @@ impl TargetWin {
         Ok((p, size))
     }
 
-    fn acc(&mut self, head: AccHead, data: &[u8], _fetch: bool) -> Result<Vec<u8>, (Refusal, u64, u64)> {
+    fn acc(&mut self, head: AccHead, data: &[u8], _fetch: bool) -> Result<Vec<u8>, Refused> {
         let op = super::AccOp::from_code(head.op).ok_or((Refusal::BadOp, head.disp, data.len() as u64))?;
         let (p, size) = self.elems(head, data.len())?;
         let mut old = vec![0u8; data.len()];
@@ -332,7 +402,7 @@ impl TargetWin {
         Ok(old)
     }
 
-    fn cas(&mut self, head: AccHead, compare: &[u8], swap: &[u8]) -> Result<Vec<u8>, (Refusal, u64, u64)> {
+    fn cas(&mut self, head: AccHead, compare: &[u8], swap: &[u8]) -> Result<Vec<u8>, Refused> {
         let (p, size) = self.elems(head, compare.len())?;
         if compare.len() != size {
             return Err((Refusal::Malformed, head.disp, compare.len() as u64));

@@ -6,6 +6,7 @@ use super::*;
 use crate::p2p::World;
 use crate::testkit::{job, job_nodes};
 use crate::{ChannelError, Header, ProtocolId};
+use blocks::Strided;
 
 const FLAVORS: [Flavor; 3] = [Flavor::Allocate, Flavor::Create, Flavor::Dynamic];
 
@@ -487,4 +488,57 @@ fn the_layer_s_protocol_id_is_not_the_user_s() {
             Err(crate::P2pError::Channel(ChannelError::Registry(_)))
         ));
     });
+}
+
+#[test]
+fn strided_blocks_gather_and_scatter_between_origin_and_target() {
+    for flavor in FLAVORS {
+        each_shape(move |mut w| {
+            let (me, n) = (w.rank(), w.size());
+            let (win, base) = window(&mut w, flavor, 64);
+            let t = (me + 1) % n;
+            let b = base[t as usize];
+            // Column 1 of an 8x8 matrix at the target, from three pieces here.
+            let col = Strided {
+                disp: b + 1,
+                count: 8,
+                block: 1,
+                stride: 8,
+            };
+            let (p1, p2, p3) = ([10u64, 11, 12], [13u64], [14u64, 15, 16, 17]);
+            let mut back = [0u64; 8];
+            let mut diag = [0u64; 8];
+            {
+                let mut ep = win.lock(&mut w, t, LockKind::Exclusive).unwrap();
+                ep.put_v(&[&p1, &p2, &p3], t, &col.blocks()).unwrap();
+                ep.accumulate_v(&[&[100; 8]], t, &col.blocks(), AccOp::Sum)
+                    .unwrap();
+                assert!(matches!(
+                    ep.put_v(&[&p1], t, &col.blocks()),
+                    Err(RmaError::InvalidArgument(_))
+                ));
+                ep.flush(t).unwrap();
+                ep.get_v(&mut back, t, &col.blocks()).unwrap();
+                let d: Vec<(usize, usize)> = (0..8).map(|i| (b + 9 * i, 1)).collect();
+                ep.get_v(&mut diag, t, &d).unwrap();
+                // Zero-sized operations do nothing and fail nothing.
+                ep.put(&[], t, b + 64).unwrap();
+                ep.put_v(&[], t, &[]).unwrap();
+                ep.unlock().unwrap();
+            }
+            assert_eq!(back, [110, 111, 112, 113, 114, 115, 116, 117], "{flavor:?}");
+            assert_eq!(
+                diag,
+                [0, 111, 0, 0, 0, 0, 0, 0],
+                "{flavor:?}: the diagonal crosses column 1 at row 1"
+            );
+            let mut row0 = [0u64; 2];
+            let mut ep = win.lock(&mut w, t, LockKind::Shared).unwrap();
+            ep.read(&mut row0, t, b).unwrap();
+            ep.unlock().unwrap();
+            assert_eq!(row0, [0, 110], "{flavor:?}");
+            w.barrier(&w.comm()).unwrap();
+            win.free(&mut w).unwrap();
+        });
+    }
 }

@@ -10,6 +10,8 @@
 //! |---|---|
 //! | `PUT` | displacement `u64`, then the bytes |
 //! | `GET` | displacement `u64`, length `u64` |
+//! | `PUTV` | block count `u32`, 4 zero bytes, per block a displacement `u64` and a length `u64`, then the blocks' bytes back to back |
+//! | `GETV` | block count `u32`, 4 zero bytes, per block a displacement `u64` and a length `u64`; answered by `RESULT`s of the blocks back to back |
 //! | `ACC`, `GACC` | displacement `u64`, type tag `u32`, element code `u8`, operation `u8`, 2 zero bytes, then the elements |
 //! | `CAS` | displacement `u64`, type tag `u32`, element code `u8`, 3 zero bytes, the compared element, the new one |
 //! | `RESULT` | offset `u64` into what was asked for, then the bytes |
@@ -52,6 +54,17 @@ pub const POST: u8 = 12;
 pub const COMPLETE: u8 = 13;
 /// The target refused a request.
 pub const ERR: u8 = 14;
+/// Writes bytes into several blocks of the target's window.
+pub const PUTV: u8 = 15;
+/// Asks for several blocks of the target's window; answered by `RESULT`s.
+pub const GETV: u8 = 16;
+
+/// Most blocks one `PUTV` or `GETV` names.
+pub const MAX_BLOCKS: usize = 4096;
+/// Bytes of a `PUTV`'s or `GETV`'s head before its blocks.
+pub const BLOCKS_HEAD: usize = 8;
+/// Bytes per block in a `PUTV` or `GETV`.
+pub const BLOCK: usize = 16;
 
 /// `flags` of a shared lock.
 pub const SHARED: u16 = 1;
@@ -139,6 +152,28 @@ pub struct AccHead {
     pub op: u8,
 }
 
+/// The blocks a `PUTV` or `GETV` names, lent from its payload: (displacement, length)
+/// pairs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Blocks<'a>(&'a [u8]);
+
+impl<'a> Blocks<'a> {
+    /// How many.
+    pub fn len(&self) -> usize {
+        self.0.len() / BLOCK
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Each block's displacement and length.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, u64)> + 'a {
+        self.0.chunks_exact(BLOCK).map(|b| (word(b, 0), word(b, 8)))
+    }
+}
+
 /// A decoded packet; the bytes are lent from the payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Msg<'a> {
@@ -148,6 +183,18 @@ pub enum Msg<'a> {
         disp: u64,
         /// What.
         data: &'a [u8],
+    },
+    /// Write `data`, back to back, into `blocks`.
+    PutV {
+        /// Where.
+        blocks: Blocks<'a>,
+        /// What: as long as the blocks together.
+        data: &'a [u8],
+    },
+    /// Read `blocks`, to be answered back to back.
+    GetV {
+        /// Where.
+        blocks: Blocks<'a>,
     },
     /// Read `len` bytes at `disp`.
     Get {
@@ -264,6 +311,35 @@ pub fn decode<'a>(kind: u8, h: &Header, payload: &'a [u8]) -> Result<Msg<'a>, Wi
                 data: &payload[DISP_HEAD..],
             }
         }
+        PUTV | GETV => {
+            need(BLOCKS_HEAD)?;
+            let n = u32::from_le_bytes(payload[..4].try_into().expect("4 bytes")) as usize;
+            if n == 0 || n > MAX_BLOCKS {
+                return bad("a block list of 0 or more than MAX_BLOCKS blocks");
+            }
+            let end = BLOCKS_HEAD + n * BLOCK;
+            need(end)?;
+            let blocks = Blocks(&payload[BLOCKS_HEAD..end]);
+            let data = &payload[end..];
+            if kind == GETV {
+                if !data.is_empty() {
+                    return bad("a payload after a get's blocks");
+                }
+                Msg::GetV { blocks }
+            } else {
+                let mut total = 0u64;
+                for (_, len) in blocks.iter() {
+                    total = match total.checked_add(len) {
+                        Some(t) => t,
+                        None => return bad("block lengths that overflow"),
+                    };
+                }
+                if total != data.len() as u64 {
+                    return bad("blocks that do not add up to the bytes that follow");
+                }
+                Msg::PutV { blocks, data }
+            }
+        }
         GET => {
             if payload.len() != 16 {
                 return bad("a get is 16 bytes");
@@ -360,6 +436,18 @@ pub fn acc_head(h: AccHead) -> [u8; ACC_HEAD] {
     b
 }
 
+/// The head and block list of a `PUTV` or `GETV` naming `blocks`.
+pub fn blocks(blocks: &[(u64, u64)]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(BLOCKS_HEAD + BLOCK * blocks.len());
+    b.extend_from_slice(&(blocks.len() as u32).to_le_bytes());
+    b.extend_from_slice(&[0; 4]);
+    for &(d, l) in blocks {
+        b.extend_from_slice(&d.to_le_bytes());
+        b.extend_from_slice(&l.to_le_bytes());
+    }
+    b
+}
+
 /// The payload of an `ERR`.
 pub fn err(why: Refusal, disp: u64, len: u64) -> [u8; ERR_LEN] {
     let mut b = [0u8; ERR_LEN];
@@ -433,6 +521,26 @@ mod tests {
             assert!(decode(k, &h, &[0; 3]).is_err(), "kind {k} shorter than its head");
         }
         assert!(decode(GET, &h, &[0; 17]).is_err());
+        let mut pv = blocks(&[(8, 2), (40, 1)]);
+        pv.extend_from_slice(b"xyz");
+        match decode(PUTV, &h, &pv) {
+            Ok(Msg::PutV { blocks: b, data }) => {
+                assert_eq!(b.iter().collect::<Vec<_>>(), [(8, 2), (40, 1)]);
+                assert_eq!(data, b"xyz");
+            }
+            other => panic!("{other:?}"),
+        }
+        pv.push(b'!');
+        assert!(decode(PUTV, &h, &pv).is_err(), "more bytes than the blocks hold");
+        assert!(
+            decode(PUTV, &h, &blocks(&[(0, u64::MAX), (0, 2)])).is_err(),
+            "an overflow"
+        );
+        assert!(decode(GETV, &h, &blocks(&[])).is_err(), "no blocks");
+        assert!(matches!(
+            decode(GETV, &h, &blocks(&[(0, 4)])),
+            Ok(Msg::GetV { .. })
+        ));
         assert!(decode(0, &h, &[]).is_err());
         assert!(decode(200, &h, &[]).is_err());
     }

@@ -2,7 +2,7 @@
 //! `test/mpi/rma` programs (written here anew): each returns what went wrong, and the
 //! same checks run over shared memory, over each netmod, and across hosts.
 
-use nemesis::rma::{AccOp, Assert, Flavor, LockKind, Window};
+use nemesis::rma::{AccOp, Assert, Flavor, LockKind, Strided, Window};
 use nemesis::{Op, World};
 
 type R = Result<(), String>;
@@ -398,10 +398,78 @@ pub fn put_flush_get(w: &mut World, flavor: Flavor) -> R {
     Ok(())
 }
 
+/// `transpose1`: each rank puts its matrix, transposed with strided blocks, into its
+/// right neighbour's window in a fence epoch.
+pub fn transpose(w: &mut World, flavor: Flavor) -> R {
+    const N: usize = 8;
+    let (me, n) = (w.rank(), w.size());
+    let (right, left) = ((me + 1) % n, (me + n - 1) % n);
+    let (win, base) = window(w, flavor, N * N)?;
+    let a: Vec<u64> = (0..(N * N) as u64).map(|i| i + 1000 * u64::from(me)).collect();
+    let mut ep = win.fence(w, Assert::NONE).map_err(e("fence"))?;
+    for i in 0..N {
+        let col = Strided {
+            disp: base[right as usize] + i,
+            count: N,
+            block: 1,
+            stride: N,
+        };
+        ep.put_v(&[&a[i * N..(i + 1) * N]], right, &col.blocks())
+            .map_err(e("put_v"))?;
+    }
+    ep.end(Assert::NONE).map_err(e("fence"))?;
+    let mut got = vec![0u64; N * N];
+    let mut ep = win.lock(w, me, LockKind::Shared).map_err(e("lock"))?;
+    ep.read(&mut got, me, base[me as usize]).map_err(e("read"))?;
+    ep.unlock().map_err(e("unlock"))?;
+    for r in 0..N {
+        for c in 0..N {
+            let want = (c * N + r) as u64 + 1000 * u64::from(left);
+            if got[r * N + c] != want {
+                return Err(format!(
+                    "element ({r}, {c}) is {}, expected {want}",
+                    got[r * N + c]
+                ));
+            }
+        }
+    }
+    win.free(w).map_err(e("free"))?;
+    Ok(())
+}
+
+/// `selfrma` and `rmazero`: every operation on this rank's own memory, and operations
+/// of no elements, which do nothing and fail nothing.
+pub fn self_and_zero(w: &mut World, flavor: Flavor) -> R {
+    let me = w.rank();
+    let (win, base) = window(w, flavor, 4)?;
+    let b = base[me as usize];
+    let mut ep = win.lock(w, me, LockKind::Exclusive).map_err(e("lock"))?;
+    ep.put(&[1, 2], me, b).map_err(e("put"))?;
+    ep.accumulate(&[10, 10], me, b, AccOp::Sum)
+        .map_err(e("accumulate"))?;
+    let old = ep
+        .fetch_and_op(5, me, b + 2, AccOp::Replace)
+        .map_err(e("fetch_and_op"))?;
+    let cas = ep.compare_and_swap(5, 6, me, b + 2).map_err(e("cas"))?;
+    ep.put(&[], me, b + 4).map_err(e("empty put"))?;
+    ep.read(&mut [], me, b + 4).map_err(e("empty read"))?;
+    ep.accumulate(&[], me, b, AccOp::Sum)
+        .map_err(e("empty accumulate"))?;
+    let mut v = [0u64; 4];
+    ep.read(&mut v, me, b).map_err(e("read"))?;
+    ep.unlock().map_err(e("unlock"))?;
+    if (old, cas, v) != (0, 5, [11, 12, 6, 0]) {
+        return Err(format!("got {old}, {cas}, {v:?}"));
+    }
+    w.barrier(&w.comm()).map_err(p("barrier"))?;
+    win.free(w).map_err(e("free"))?;
+    Ok(())
+}
+
 /// Every check, in turn, for one flavour; `Err` names the check that failed.
 pub fn all(w: &mut World, flavor: Flavor) -> Result<Vec<&'static str>, String> {
     let mut done = Vec::new();
-    let checks: [Check<'_>; 8] = [
+    let checks: [Check<'_>; 10] = [
         ("fetchandadd", &|w| fetch_and_add(w, flavor)),
         ("acc_ordering", &|w| acc_ordering(w, flavor)),
         ("mutex", &|w| mutex(w, flavor)),
@@ -409,6 +477,8 @@ pub fn all(w: &mut World, flavor: Flavor) -> Result<Vec<&'static str>, String> {
         ("pscw", &|w| pscw(w, flavor)),
         ("lockcontention", &|w| lock_contention(w, flavor)),
         ("put_flush_get", &|w| put_flush_get(w, flavor)),
+        ("transpose", &|w| transpose(w, flavor)),
+        ("selfrma_rmazero", &|w| self_and_zero(w, flavor)),
         ("atomic_rmw", &|w| {
             if flavor == Flavor::Allocate {
                 atomic_rmw(w)
