@@ -8,7 +8,7 @@
 //! forgotten epoch leaves the bytes where they landed and never writes anywhere else.
 
 use super::RmaError;
-use super::proto::{Rma, State, Want};
+use super::proto::{Dest, Rma, State, Want};
 use super::window::{Flavor, Peer, Route, Window, rma};
 use super::wire::{self, Refusal};
 use crate::channel::{Channel, Header, NemesisChannel};
@@ -273,7 +273,7 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
             let p = self.rma().slot_mut(id).and_then(|s| s.origin.pending.remove(&q));
             match p {
                 Some(p) => match p.state {
-                    State::Done => out.push(p.data),
+                    State::Done => out.push(p.staged),
                     State::Refused(why, disp, len) => {
                         let target = self.rank_of(p.target);
                         first.get_or_insert(RmaError::Refused {
@@ -333,33 +333,78 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
     /// Copies what has arrived for landing `req` into its buffer; finishes it when all
     /// has, and reports its failure.
     pub(crate) fn copy_arrived(&mut self, req: u32) -> Result<(), RmaError> {
+        if self.copy_staged(req) != Some(State::Waiting)
+            && let Some(i) = self.landings.iter().position(|l| l.req == req)
+        {
+            self.landings.swap_remove(i);
+            return self.wait_reqs(&[req]).map(|_| ());
+        }
+        Ok(())
+    }
+
+    /// Lends the buffers of landings `reqs` to their requests, so that bytes arriving
+    /// while this epoch waits go straight there; [`Ops::take_back`] ends the loan.
+    fn lend(&mut self, reqs: &[u32]) {
+        for &q in reqs {
+            self.copy_staged(q);
+            let Some(l) = self.landings.iter().find(|l| l.req == q) else { continue };
+            let ptr = l.ptr;
+            if let Some(p) = rma(self.world)
+                .slot_mut(self.win.id)
+                .and_then(|s| s.origin.pending.get_mut(&q))
+            {
+                p.dest = Some(Dest(ptr));
+            }
+        }
+    }
+
+    /// Ends the loans of [`Ops::lend`]: later bytes are held in the proto again.
+    fn take_back(&mut self, reqs: &[u32]) {
         let id = self.win.id;
-        let Some(i) = self.landings.iter().position(|l| l.req == req) else {
-            return Ok(());
-        };
+        for &q in reqs {
+            let got = rma(self.world).slot_mut(id).and_then(|s| s.origin.pending.get_mut(&q)).map(|p| {
+                p.dest = None;
+                p.got
+            });
+            if let (Some(got), Some(l)) = (got, self.landings.iter_mut().find(|l| l.req == q)) {
+                l.copied = got.min(l.len);
+            }
+        }
+    }
+
+    /// Copies the bytes held for landing `req` into its buffer, without finishing it;
+    /// where the request stands, if it is still landing.
+    fn copy_staged(&mut self, req: u32) -> Option<State> {
+        let id = self.win.id;
+        let l = self.landings.iter_mut().find(|l| l.req == req)?;
+        let p = rma(self.world).slot_mut(id)?.origin.pending.get_mut(&req)?;
+        if !p.staged.is_empty() && p.base + p.staged.len() <= l.len {
+            // SAFETY: the buffer was lent for 'b and is `l.len` bytes; these bytes lie
+            // past every part already handed to the caller.
+            unsafe { std::ptr::copy_nonoverlapping(p.staged.as_ptr(), l.ptr.add(p.base), p.staged.len()) };
+            p.staged = Vec::new();
+        }
+        l.copied = p.got.min(l.len);
+        Some(p.state)
+    }
+
+    /// Waits until `done` says so, with the buffers of landings `reqs` lent to their
+    /// requests meanwhile (taken back however the wait ends, unwinding included).
+    pub(crate) fn wait_lending(
+        &mut self,
+        reqs: &[u32],
+        what: &dyn Fn() -> String,
+        done: impl FnMut(&mut World<C>) -> bool,
+    ) -> Result<(), RmaError> {
+        self.lend(reqs);
+        let peers = self.win.world_ranks();
         let world = &mut *self.world;
-        let l = &mut self.landings[i];
-        let Some(p) = rma(world).slot(id).and_then(|s| s.origin.pending.get(&req)) else {
-            return Ok(());
-        };
-        let upto = p.data.len().min(l.len);
-        if upto > l.copied {
-            // SAFETY: the buffer was lent for 'b; bytes past `copied` have not been
-            // handed to anyone.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    p.data.as_ptr().add(l.copied),
-                    l.ptr.add(l.copied),
-                    upto - l.copied,
-                )
-            };
-            l.copied = upto;
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| world.wait_until(what, peers, done)));
+        self.take_back(reqs);
+        match r {
+            Ok(r) => r.map_err(|e| self.fail(e)),
+            Err(panic) => std::panic::resume_unwind(panic),
         }
-        if p.state == State::Waiting {
-            return Ok(());
-        }
-        self.landings.swap_remove(i);
-        self.wait_reqs(&[req]).map(|_| ())
     }
 
     /// Completes every landing that `which` selects.
@@ -369,15 +414,12 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
             return Ok(());
         }
         let id = self.win.id;
-        let peers = self.win.world_ranks();
-        let r = self
-            .world
-            .wait_until(&|| format!("{} gets", reqs.len()), peers, |w| {
-                rma(w)
-                    .slot(id)
-                    .is_none_or(|s| reqs.iter().all(|&q| s.origin.is_over(q)))
-            });
-        let mut first = r.err().map(|e| self.fail(e));
+        let r = self.wait_lending(&reqs, &|| format!("{} gets", reqs.len()), |w| {
+            rma(w)
+                .slot(id)
+                .is_none_or(|s| reqs.iter().all(|&q| s.origin.is_over(q)))
+        });
+        let mut first = r.err();
         for q in reqs {
             if let Err(e) = self.copy_arrived(q) {
                 first.get_or_insert(e);

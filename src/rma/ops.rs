@@ -248,7 +248,7 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
         let bytes = rma(self.world)
             .slot(id)
             .and_then(|s| s.origin.pending.get(&req))
-            .map(|p| p.data.len());
+            .map(|p| p.got);
         let bytes = bytes.unwrap_or_else(|| self.landed(req).unwrap_or(g.len * size_of::<T>()));
         bytes / size_of::<T>()
     }
@@ -273,16 +273,12 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
         if let Some(req) = g.req {
             let want = range.end * size_of::<T>();
             let id = self.win.id;
-            let peers = self.win.world_ranks();
-            let r = self
-                .world
-                .wait_until(&|| "the first part of a get".into(), peers, |w| {
-                    rma(w)
-                        .slot(id)
-                        .and_then(|s| s.origin.pending.get(&req))
-                        .is_none_or(|p| p.state != State::Waiting || p.data.len() >= want)
-                });
-            r.map_err(|e| self.fail(e))?;
+            self.wait_lending(&[req], &|| "the first part of a get".into(), |w| {
+                rma(w)
+                    .slot(id)
+                    .and_then(|s| s.origin.pending.get(&req))
+                    .is_none_or(|p| p.state != State::Waiting || p.got >= want)
+            })?;
             self.copy_arrived(req)?;
         }
         // SAFETY: these elements have been copied into the buffer lent to the get, and

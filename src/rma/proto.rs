@@ -45,10 +45,26 @@ pub(crate) struct Pending {
     /// The target's world rank.
     pub(crate) target: Rank,
     pub(crate) want: Want,
-    /// The bytes come so far (for `Want::Data`), in order.
-    pub(crate) data: Vec<u8>,
+    /// Bytes arrived so far (for `Want::Data`), in order.
+    pub(crate) got: usize,
+    /// Arrived bytes held here for the caller's buffer: those from `base` on.
+    pub(crate) staged: Vec<u8>,
+    pub(crate) base: usize,
+    /// The caller's buffer, where arriving bytes go straight while the origin waits
+    /// for them.
+    pub(crate) dest: Option<Dest>,
     pub(crate) state: State,
 }
+
+/// A caller's buffer of a request's full length, lent for the length of one wait of
+/// the origin's epoch (which holds the buffer borrowed meanwhile, and takes it back
+/// before returning, even by unwinding).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Dest(pub(crate) *mut u8);
+
+// SAFETY: a `Dest` is written only by the progress of the process that lent it, during
+// the wait it was lent for; it moves between threads only with the world.
+unsafe impl Send for Dest {}
 
 /// A refusal of a request that has no answer of its own (a put, an accumulate).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,16 +114,15 @@ impl OriginWin {
                 break;
             }
         }
-        let cap = match want {
-            Want::Data(n) => n,
-            _ => 0,
-        };
         self.pending.insert(
             self.next_req,
             Pending {
                 target,
                 want,
-                data: Vec::with_capacity(cap),
+                got: 0,
+                staged: Vec::new(),
+                base: 0,
+                dest: None,
                 state: State::Waiting,
             },
         );
@@ -128,11 +143,24 @@ impl OriginWin {
         }
         p.state = match (p.want, msg) {
             (Want::Data(n), Msg::Result { offset, data }) => {
-                if offset != p.data.len() as u64 || p.data.len() + data.len() > n {
+                if offset != p.got as u64 || p.got + data.len() > n {
                     State::Broken("bytes out of order or beyond what was asked for")
                 } else {
-                    p.data.extend_from_slice(data);
-                    if p.data.len() == n {
+                    match p.dest {
+                        // SAFETY: the origin lent a buffer of the request's `n` bytes for
+                        // the wait that is polling now; `got + len <= n` was checked.
+                        Some(Dest(ptr)) => unsafe {
+                            std::ptr::copy_nonoverlapping(data.as_ptr(), ptr.add(p.got), data.len())
+                        },
+                        None => {
+                            if p.staged.is_empty() {
+                                p.base = p.got;
+                            }
+                            p.staged.extend_from_slice(data);
+                        }
+                    }
+                    p.got += data.len();
+                    if p.got == n {
                         State::Done
                     } else {
                         State::Waiting

@@ -25,7 +25,7 @@ pub use netmem::{UDP_MEMORY_SIZES, UdpMemory, udp_memory};
 pub use pin::{allowed_cpus, pair_cpus, pin_to, set_cpus};
 pub use requests::{Api, RequestsRow, requests};
 pub use ring::Ring;
-pub use rma::{GET_WINDOW, RmaOp, RmaSync};
+pub use rma::{CRUNCH_PASSES, GET_WINDOW, OVERLAP_PART, RmaOp, RmaSync, crunch};
 pub use stats::Summary;
 #[cfg(feature = "verbs")]
 pub use udmem::{UdMemory, ud_memory};

@@ -24,6 +24,31 @@ pub enum RmaOp {
     Lock,
     /// Windows of 16 gets of `size` bytes each, waited for together: bandwidth.
     GetBw,
+    /// One get of `size` bytes consumed in parts of [`OVERLAP_PART`] bytes as they
+    /// arrive ([`nemesis::rma::Ops::wait_range`]), each part crunched by [`crunch`]
+    /// while the rest moves.
+    GetPipelined,
+    /// The same get waited for whole, then crunched part by part: what the pipelined
+    /// one saves time against.
+    GetSerial,
+}
+
+/// Bytes of each part a pipelined get is consumed in.
+pub const OVERLAP_PART: usize = 64 << 10;
+
+/// Passes [`crunch`] makes over each part.
+pub const CRUNCH_PASSES: u32 = 8;
+
+/// The computation on each part of the overlap tests: `passes` sums over its words.
+#[inline(never)]
+pub fn crunch(part: &[u64], passes: u32) -> u64 {
+    let mut acc = 0u64;
+    for p in 0..passes {
+        for &x in part {
+            acc = acc.wrapping_mul(31).wrapping_add(x ^ u64::from(p));
+        }
+    }
+    std::hint::black_box(acc)
 }
 
 /// How each timed operation is completed.
@@ -45,7 +70,7 @@ pub const GET_WINDOW: usize = 16;
 
 impl RmaOp {
     /// Every operation, by name.
-    pub const ALL: [RmaOp; 7] = [
+    pub const ALL: [RmaOp; 9] = [
         RmaOp::Put,
         RmaOp::Get,
         RmaOp::Acc,
@@ -53,6 +78,8 @@ impl RmaOp {
         RmaOp::Cas,
         RmaOp::Lock,
         RmaOp::GetBw,
+        RmaOp::GetPipelined,
+        RmaOp::GetSerial,
     ];
 
     /// Its name.
@@ -65,6 +92,8 @@ impl RmaOp {
             RmaOp::Cas => "cas",
             RmaOp::Lock => "lock",
             RmaOp::GetBw => "get_bw",
+            RmaOp::GetPipelined => "get_pipelined",
+            RmaOp::GetSerial => "get_serial",
         }
     }
 
@@ -181,6 +210,34 @@ fn run(
                     sample(i, t0);
                 }
             }
+            RmaOp::GetPipelined | RmaOp::GetSerial => {
+                let part = (OVERLAP_PART / 8).min(len);
+                let mut buf = vec![0u64; len];
+                let mut lent: Option<&mut [u64]> = Some(&mut buf[..]);
+                let mut ep = win.lock(w, 1, LockKind::Shared).map_err(other)?;
+                for i in 0..count {
+                    let t0 = now();
+                    let b = lent.take().expect("lent back each time");
+                    let mut g = ep.rget(b, 1, 0).map_err(other)?;
+                    if op == RmaOp::GetPipelined {
+                        let mut at = 0;
+                        while at < len {
+                            let end = (at + part).min(len);
+                            crunch(ep.wait_range(&mut g, at..end).map_err(other)?, CRUNCH_PASSES);
+                            at = end;
+                        }
+                        lent = Some(ep.wait(g).map_err(other)?);
+                    } else {
+                        let whole = ep.wait(g).map_err(other)?;
+                        for p in whole.chunks(part) {
+                            crunch(p, CRUNCH_PASSES);
+                        }
+                        lent = Some(whole);
+                    }
+                    sample(i, t0);
+                }
+                ep.unlock().map_err(other)?;
+            }
             RmaOp::GetBw => {
                 let mut bufs: Vec<Vec<u64>> = (0..GET_WINDOW).map(|_| vec![0u64; len]).collect();
                 let mut lent: Vec<&mut [u64]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
@@ -218,7 +275,9 @@ fn run(
                         RmaOp::Cas => {
                             ep.compare_and_swap(0, 0, 1, 0).map_err(other)?;
                         }
-                        RmaOp::Lock | RmaOp::GetBw => unreachable!("handled above"),
+                        RmaOp::Lock | RmaOp::GetBw | RmaOp::GetPipelined | RmaOp::GetSerial => {
+                            unreachable!("handled above")
+                        }
                     }
                     sample(i, t0);
                 }

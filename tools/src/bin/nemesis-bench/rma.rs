@@ -4,15 +4,16 @@
 use super::{Json, median, pairs, pinning, placement, progress, progress_done, size, tend_others, transport};
 use anyhow::{Context, Result};
 use clap::Args;
-use nemesis_tools::measure::{self, GET_WINDOW, Layer, RmaOp, RmaSync, Summary, Transport};
+use nemesis_tools::measure::{self, CRUNCH_PASSES, GET_WINDOW, Layer, OVERLAP_PART, RmaOp, RmaSync, Summary, Transport, crunch};
 
 #[derive(Args, Debug, Clone)]
 pub(crate) struct RmaArgs {
     /// Operations: put, get, acc (put, get and accumulate of --sizes bytes), fop
     /// (8-byte fetch-and-add), cas (8-byte compare-and-swap), lock (exclusive lock and
     /// unlock), get_bw (windows of 16 gets of --bw-size bytes, beside two-sided
-    /// bandwidth).
-    #[arg(long, value_delimiter = ',', value_parser = op, default_value = "put,get,acc,fop,cas,lock,get_bw")]
+    /// bandwidth), overlap (one get of --bw-size bytes consumed in 64 KiB parts as they
+    /// arrive, each crunched meanwhile, against the same get waited for whole first).
+    #[arg(long, value_delimiter = ',', value_parser = op, default_value = "put,get,acc,fop,cas,lock,get_bw,overlap")]
     ops: Vec<RmaOp>,
     /// How put, get and acc are completed: flush (each followed by a flush, inside one
     /// lock epoch) and fence (each followed by a fence of both processes).
@@ -45,8 +46,12 @@ pub(crate) struct RmaArgs {
 }
 
 fn op(s: &str) -> Result<RmaOp, String> {
-    RmaOp::from_name(s.trim())
-        .ok_or_else(|| format!("{s:?} is not one of put, get, acc, fop, cas, lock, get_bw"))
+    match s.trim() {
+        "overlap" => Ok(RmaOp::GetPipelined),
+        "get_pipelined" | "get_serial" => Err(format!("{s:?}: ask for overlap, which times both")),
+        t => RmaOp::from_name(t)
+            .ok_or_else(|| format!("{s:?} is not one of put, get, acc, fop, cas, lock, get_bw, overlap")),
+    }
 }
 
 fn sync(s: &str) -> Result<RmaSync, String> {
@@ -96,6 +101,15 @@ pub(crate) fn rma(a: &RmaArgs, json: bool) -> Result<()> {
                 sync: RmaSync::Flush,
                 size: a.bw_size,
             }),
+            RmaOp::GetPipelined | RmaOp::GetSerial => {
+                for op in [RmaOp::GetSerial, RmaOp::GetPipelined] {
+                    tests.push(Test {
+                        op,
+                        sync: RmaSync::Flush,
+                        size: a.bw_size,
+                    });
+                }
+            }
         }
     }
     let mut pairs = pairs(&a.transport, !a.no_pin)?;
@@ -106,6 +120,8 @@ pub(crate) fn rma(a: &RmaArgs, json: bool) -> Result<()> {
     let mut timed: Vec<std::collections::BTreeMap<Test, Vec<Summary>>> = vec![Default::default(); n];
     let mut p2p_bw: Vec<Vec<f64>> = vec![Vec::new(); n];
     let with_bw = tests.iter().any(|t| t.op == RmaOp::GetBw);
+    let with_overlap = tests.iter().any(|t| t.op == RmaOp::GetPipelined);
+    let mut crunch_ns: Vec<Vec<f64>> = vec![Vec::new(); n];
     for r in 0..a.rounds {
         for k in 0..n {
             tend_others(&mut pairs, k)?;
@@ -132,6 +148,9 @@ pub(crate) fn rma(a: &RmaArgs, json: bool) -> Result<()> {
                 let (iters, warmup) = if test.op == RmaOp::GetBw {
                     let w = bw_windows(test.size, a.iters);
                     (w, (w / 4).max(1))
+                } else if matches!(test.op, RmaOp::GetPipelined | RmaOp::GetSerial) {
+                    let w = bw_windows(test.size, a.iters) * GET_WINDOW as u64;
+                    (w, (w / 4).max(1))
                 } else {
                     (a.iters, a.warmup)
                 };
@@ -140,6 +159,9 @@ pub(crate) fn rma(a: &RmaArgs, json: bool) -> Result<()> {
                     .with_context(|| format!("{} {} over {t}", test.op.name(), test.sync.name()))?;
                 let s = Summary::of(&mut ns(v, false)).context("no samples")?;
                 timed[k].entry(test).or_default().push(s);
+            }
+            if with_overlap {
+                crunch_ns[k].push(crunch_time(a.bw_size));
             }
             if with_bw {
                 let w = bw_windows(a.bw_size, a.iters);
@@ -172,6 +194,49 @@ pub(crate) fn rma(a: &RmaArgs, json: bool) -> Result<()> {
         let probe_ns = median(probe[k].clone());
         let rtt_ns = median(rtt[k].clone());
         for (test, sums) in &timed[k] {
+            if test.op == RmaOp::GetSerial {
+                continue;
+            }
+            if test.op == RmaOp::GetPipelined {
+                let pipe = median(sums.iter().map(|s| s.p50).collect());
+                let serial_test = Test {
+                    op: RmaOp::GetSerial,
+                    ..*test
+                };
+                let serial = median(timed[k][&serial_test].iter().map(|s| s.p50).collect());
+                let compute = median(crunch_ns[k].clone());
+                let get = (serial - compute).max(1.0);
+                let overlap = (serial - pipe) / get.min(compute);
+                if json {
+                    Json::new("rma")
+                        .s("op", "overlap")
+                        .s("transport", transport)
+                        .u("size", test.size as u64)
+                        .u("part", OVERLAP_PART as u64)
+                        .f("serial_ns", serial)
+                        .f("pipelined_ns", pipe)
+                        .f("compute_ns", compute)
+                        .f("get_ns", get)
+                        .f("overlap", overlap)
+                        .f("probe_ns", probe_ns)
+                        .s("placement", placement(probe_ns))
+                        .s("cpu", &cpu)
+                        .print();
+                } else {
+                    println!(
+                        "# overlap {} over {transport}: whole then crunched {:.0} us, in {} KiB parts as they arrive {:.0} us; \
+                         crunching alone {:.0} us, the get alone {:.0} us: {:.0} % of the shorter hidden",
+                        test.size,
+                        serial / 1e3,
+                        OVERLAP_PART >> 10,
+                        pipe / 1e3,
+                        compute / 1e3,
+                        get / 1e3,
+                        100.0 * overlap
+                    );
+                }
+                continue;
+            }
             if test.op == RmaOp::GetBw {
                 let bytes = (test.size * GET_WINDOW) as f64;
                 let mb = median(sums.iter().map(|s| bytes / s.p50 * 1e3).collect());
@@ -247,4 +312,21 @@ pub(crate) fn rma(a: &RmaArgs, json: bool) -> Result<()> {
         p.finish()?;
     }
     Ok(())
+}
+
+/// Nanoseconds [`crunch`] takes over `bytes` bytes in parts, here, with the data in
+/// memory: the computation of the overlap tests alone (median of 5).
+fn crunch_time(bytes: usize) -> f64 {
+    let data: Vec<u64> = (0..bytes.div_ceil(8) as u64).collect();
+    let mut v: Vec<f64> = (0..5)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            for p in data.chunks(OVERLAP_PART / 8) {
+                crunch(p, CRUNCH_PASSES);
+            }
+            t.elapsed().as_nanos() as f64
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v[2]
 }
