@@ -347,7 +347,9 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
     fn lend(&mut self, reqs: &[u32]) {
         for &q in reqs {
             self.copy_staged(q);
-            let Some(l) = self.landings.iter().find(|l| l.req == q) else { continue };
+            let Some(l) = self.landings.iter().find(|l| l.req == q) else {
+                continue;
+            };
             let ptr = l.ptr;
             if let Some(p) = rma(self.world)
                 .slot_mut(self.win.id)
@@ -362,10 +364,13 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
     fn take_back(&mut self, reqs: &[u32]) {
         let id = self.win.id;
         for &q in reqs {
-            let got = rma(self.world).slot_mut(id).and_then(|s| s.origin.pending.get_mut(&q)).map(|p| {
-                p.dest = None;
-                p.got
-            });
+            let got = rma(self.world)
+                .slot_mut(id)
+                .and_then(|s| s.origin.pending.get_mut(&q))
+                .map(|p| {
+                    p.dest = None;
+                    p.got
+                });
             if let (Some(got), Some(l)) = (got, self.landings.iter_mut().find(|l| l.req == q)) {
                 l.copied = got.min(l.len);
             }
@@ -399,7 +404,9 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
         self.lend(reqs);
         let peers = self.win.world_ranks();
         let world = &mut *self.world;
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| world.wait_until(what, peers, done)));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            world.wait_until(what, peers, done)
+        }));
         self.take_back(reqs);
         match r {
             Ok(r) => r.map_err(|e| self.fail(e)),

@@ -160,11 +160,7 @@ impl OriginWin {
                         }
                     }
                     p.got += data.len();
-                    if p.got == n {
-                        State::Done
-                    } else {
-                        State::Waiting
-                    }
+                    if p.got == n { State::Done } else { State::Waiting }
                 }
             }
             (Want::Grant, Msg::Grant) | (Want::Ack, Msg::Ack) => State::Done,

@@ -245,6 +245,9 @@ fn bad_arguments_are_refused() {
         &["ring", "--procs", "1"],
         &["bw", "--window", "0"],
         &["latency", "--transport", "pigeon"],
+        &["rma", "--ops", "teleport"],
+        &["rma", "--sync", "sometimes"],
+        &["rma", "--ops", "get_serial"],
         &["nonsense"],
     ] {
         let o = Command::new(BENCH).args(args).output().unwrap();
@@ -395,5 +398,55 @@ fn peers_compare_with_a_stand_in() {
         assert!(!o.status.success(), "{args:?}");
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn one_sided_json_carries_every_operation_and_the_overlap() {
+    let lines = json_lines(&[
+        "rma",
+        "--iters",
+        "50",
+        "--warmup",
+        "5",
+        "--rounds",
+        "1",
+        "--bw-size",
+        "256K",
+        "--transport",
+        "shm,tcp",
+        "--json",
+    ]);
+    for transport in ["shm", "tcp"] {
+        let rows: Vec<&String> = lines
+            .iter()
+            .filter(|l| l.contains(&format!("\"transport\":\"{transport}\"")))
+            .collect();
+        for op in ["put", "get", "acc", "fop", "cas", "lock", "get_bw", "overlap"] {
+            let row = rows
+                .iter()
+                .find(|l| l.contains(&format!("\"op\":\"{op}\"")))
+                .unwrap_or_else(|| panic!("no {op} row over {transport}: {lines:?}"));
+            match op {
+                "get_bw" => has(row, &["mb_s", "p2p_mb_s", "p2p_ratio"]),
+                "overlap" => has(row, &["serial_ns", "pipelined_ns", "compute_ns", "overlap"]),
+                _ => has(
+                    row,
+                    &[
+                        "p50_ns",
+                        "probe_ratio",
+                        "p2p_rtt_ns",
+                        "p2p_rtt_ratio",
+                        "placement",
+                    ],
+                ),
+            }
+        }
+        // put, get and acc with each of flush and fence.
+        assert_eq!(
+            rows.iter().filter(|l| l.contains("\"sync\":\"fence\"")).count(),
+            3,
+            "{rows:?}"
+        );
     }
 }

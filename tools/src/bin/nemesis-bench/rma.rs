@@ -4,7 +4,9 @@
 use super::{Json, median, pairs, pinning, placement, progress, progress_done, size, tend_others, transport};
 use anyhow::{Context, Result};
 use clap::Args;
-use nemesis_tools::measure::{self, CRUNCH_PASSES, GET_WINDOW, Layer, OVERLAP_PART, RmaOp, RmaSync, Summary, Transport, crunch};
+use nemesis_tools::measure::{
+    self, CRUNCH_PASSES, GET_WINDOW, Layer, OVERLAP_PART, RmaOp, RmaSync, Summary, Transport, crunch,
+};
 
 #[derive(Args, Debug, Clone)]
 pub(crate) struct RmaArgs {
