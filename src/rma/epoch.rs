@@ -788,7 +788,7 @@ fn release<T: Pod, C: Channel>(mut ops: Ops<'_, '_, T, C>, held: Holds, hurry: b
                     }
                 };
                 // Everything sent to the target before this is applied before its ack.
-                if let Err(e) = ops.send(w, wire::UNLOCK, flags, if hurry { 0 } else { req }, &[]) {
+                if let Err(e) = ops.send(w, wire::UNLOCK, flags, req, &[]) {
                     first.get_or_insert(e);
                     continue;
                 }
