@@ -21,7 +21,8 @@ if [ "$(id -u)" -ne 0 ]; then sudo=sudo; else sudo=; fi
 
 missing=()
 command -v cmake >/dev/null || missing+=(cmake)
-compgen -G '/usr/lib/llvm-*/lib/libclang*.so*' >/dev/null || missing+=(libclang-dev)
+# bindgen needs libclang itself (libclang-cpp, which other packages bring, is not it).
+compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null || missing+=(libclang-dev)
 if ((${#missing[@]})); then
     echo "verbs-test: installing ${missing[*]}"
     $sudo apt-get -o DPkg::Lock::Timeout=900 update
