@@ -426,10 +426,22 @@ impl<C: Channel> World<C> {
         what: &dyn Fn() -> String,
         check: &mut dyn FnMut(&mut Self) -> Result<(), P2pError>,
     ) -> Result<(), P2pError> {
+        self.idle_busy(idle, false, what, check)
+    }
+
+    /// As [`World::idle`]; `busy` when what the call waits for changes without a packet
+    /// (a word of shared memory), so that it must not sleep on the channel.
+    fn idle_busy(
+        &mut self,
+        idle: &mut Idle,
+        busy: bool,
+        what: &dyn Fn() -> String,
+        check: &mut dyn FnMut(&mut Self) -> Result<(), P2pError>,
+    ) -> Result<(), P2pError> {
         if idle.tight() {
             return Ok(());
         }
-        let busy = self.eng.busy();
+        let busy = busy || self.eng.busy();
         if self.core.idle_wait(idle, busy, None, what)? == Tick::CheckPeers {
             check(self)?;
         }
@@ -438,6 +450,8 @@ impl<C: Channel> World<C> {
 
     /// Drives progress until `done` says so, checking now and then that `peers` (world
     /// ranks) are alive: how the one-sided layer waits for answers, grants and counters.
+    /// `busy` when `done` watches shared memory that changes without a packet: the wait
+    /// then spins or yields instead of sleeping on the channel, which nothing would ring.
     ///
     /// # Errors
     /// The channel's, a peer's protocol violation, and [`P2pError::PeerFailed`] (with
@@ -446,6 +460,7 @@ impl<C: Channel> World<C> {
         &mut self,
         what: &dyn Fn() -> String,
         peers: &[u32],
+        busy: bool,
         mut done: impl FnMut(&mut Self) -> bool,
     ) -> Result<(), P2pError> {
         let mut idle = Idle::new();
@@ -458,7 +473,7 @@ impl<C: Channel> World<C> {
             if done(self) {
                 return Ok(());
             }
-            self.idle(&mut idle, what, &mut |w| {
+            self.idle_busy(&mut idle, busy, what, &mut |w| {
                 for &p in peers.iter().filter(|&&p| p != me) {
                     if let Err(e) = w.core.ch.check_peer(p) {
                         let reason = match e {

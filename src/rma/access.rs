@@ -259,13 +259,16 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
         }
         let id = self.win.id;
         let peers = self.win.world_ranks();
-        let r = self
-            .world
-            .wait_until(&|| format!("{} one-sided answers", reqs.len()), peers, |w| {
+        let r = self.world.wait_until(
+            &|| format!("{} one-sided answers", reqs.len()),
+            peers,
+            false,
+            |w| {
                 rma(w)
                     .slot(id)
                     .is_none_or(|s| reqs.iter().all(|&q| s.origin.is_over(q)))
-            });
+            },
+        );
         let r = r.map_err(|e| self.fail(e));
         let mut out = Vec::with_capacity(reqs.len());
         let mut first = r.err();
@@ -405,7 +408,7 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
         let peers = self.win.world_ranks();
         let world = &mut *self.world;
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            world.wait_until(what, peers, done)
+            world.wait_until(what, peers, false, done)
         }));
         self.take_back(reqs);
         match r {

@@ -177,6 +177,7 @@ fn fence_sync<T: Pod, C: Channel>(ops: &mut Ops<'_, '_, T, C>, assert: Assert) -
         .wait_until(
             &|| format!("the {expected} requests a fence expects"),
             peers,
+            false,
             |w| rma(w).slot(id).is_none_or(|s| s.target.applied >= expected),
         )
         .map_err(|e| ops.fail(e))?;
@@ -195,7 +196,7 @@ fn fence_sync<T: Pod, C: Channel>(ops: &mut Ops<'_, '_, T, C>, assert: Assert) -
         .map_err(|e| ops.fail(e))?;
     let mine = refused[me];
     ops.world
-        .wait_until(&|| "the refusals a fence was told of".into(), peers, |w| {
+        .wait_until(&|| "the refusals a fence was told of".into(), peers, false, |w| {
             rma(w).slot(id).is_none_or(|s| s.origin.refusals_seen >= mine)
         })
         .map_err(|e| ops.fail(e))?;
@@ -299,9 +300,13 @@ impl<T: Pod> Window<T> {
             }
         }
         let peers = self.world_ranks();
-        let r = ops
-            .world
-            .wait_until(&|| "the posts of an access epoch's targets".into(), peers, |w| {
+        // Posts through the window file ring nothing: wait for them awake.
+        let shm = group.iter().any(|&t| shm_pair(self, t).is_some());
+        let r = ops.world.wait_until(
+            &|| "the posts of an access epoch's targets".into(),
+            peers,
+            shm,
+            |w| {
                 let s = rma(w).slot(id);
                 wants.iter().all(|&(t, n)| match shm_pair(self, t) {
                     Some((me, them)) => {
@@ -317,7 +322,8 @@ impl<T: Pod> Window<T> {
                         got.wrapping_sub(n) as i32 >= 0
                     }),
                 })
-            });
+            },
+        );
         r.map_err(|e| ops.fail(e))?;
         Ok(AccessEpoch {
             ops: Some(ops),
@@ -380,8 +386,10 @@ impl<'w, T: Pod> ExposureEpoch<'w, T> {
         let win = self.win;
         win.check_world(world)?;
         let peers = win.world_ranks();
+        // Completes through the window file ring nothing: wait for them awake.
+        let shm = rma(world).slot(win.id).is_some_and(|s| s.pscw.shm_posted != 0);
         world
-            .wait_until(&|| "the completes of an exposure epoch".into(), peers, |w| {
+            .wait_until(&|| "the completes of an exposure epoch".into(), peers, shm, |w| {
                 exposed_done(win, w)
             })
             .map_err(|e| match e {
@@ -606,9 +614,9 @@ impl<'w, 'b, T: Pod, C: Channel> LockEpoch<'w, 'b, T, C> {
                         }
                     };
                     if !ours(lock) {
-                        let r = ops
-                            .world
-                            .wait_until(&|| format!("the lock of rank {t}"), peers, |_| ours(lock));
+                        let r =
+                            ops.world
+                                .wait_until(&|| format!("the lock of rank {t}"), peers, true, |_| ours(lock));
                         if let Err(e) = r {
                             // Our ticket is taken: wait for it anyway would block; leave
                             // the lock to the failure that ends the job.

@@ -467,7 +467,7 @@ pub fn self_and_zero(w: &mut World, flavor: Flavor) -> R {
 }
 
 /// Every check, in turn, for one flavour; `Err` names the check that failed.
-pub fn all(w: &mut World, flavor: Flavor) -> Result<Vec<&'static str>, String> {
+pub fn all(w: &mut World, flavor: Flavor) -> Result<Vec<String>, String> {
     let mut done = Vec::new();
     let checks: [Check<'_>; 10] = [
         ("fetchandadd", &|w| fetch_and_add(w, flavor)),
@@ -488,12 +488,14 @@ pub fn all(w: &mut World, flavor: Flavor) -> Result<Vec<&'static str>, String> {
         }),
     ];
     for (name, f) in checks {
+        let t = std::time::Instant::now();
         f(w).map_err(|e| format!("{name} ({flavor:?}): {e}"))?;
-        done.push(name);
+        done.push(format!("{name} ({:.1} s)", t.elapsed().as_secs_f64()));
     }
     if flavor == Flavor::Dynamic {
+        let t = std::time::Instant::now();
         linked_list(w).map_err(|e| format!("linked_list: {e}"))?;
-        done.push("linked_list");
+        done.push(format!("linked_list ({:.1} s)", t.elapsed().as_secs_f64()));
     }
     Ok(done)
 }
