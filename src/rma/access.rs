@@ -396,14 +396,17 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
         Some(p.state)
     }
 
-    /// Waits until `done` says so, with the buffers of landings `reqs` lent to their
+    /// Waits until `done` says so, with the buffers of every landing lent to their
     /// requests meanwhile (taken back however the wait ends, unwinding included).
     pub(crate) fn wait_lending(
         &mut self,
-        reqs: &[u32],
         what: &dyn Fn() -> String,
         done: impl FnMut(&mut World<C>) -> bool,
     ) -> Result<(), RmaError> {
+        // Every landing's buffer is lent, not only those waited for: the others' bytes
+        // arrive meanwhile too, and each buffer is the epoch's for 'b.
+        let reqs: Vec<u32> = self.landings.iter().map(|l| l.req).collect();
+        let reqs = &reqs[..];
         self.lend(reqs);
         let peers = self.win.world_ranks();
         let world = &mut *self.world;
@@ -424,7 +427,7 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
             return Ok(());
         }
         let id = self.win.id;
-        let r = self.wait_lending(&reqs, &|| format!("{} gets", reqs.len()), |w| {
+        let r = self.wait_lending(&|| format!("{} gets", reqs.len()), |w| {
             rma(w)
                 .slot(id)
                 .is_none_or(|s| reqs.iter().all(|&q| s.origin.is_over(q)))

@@ -273,7 +273,7 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
         if let Some(req) = g.req {
             let want = range.end * size_of::<T>();
             let id = self.win.id;
-            self.wait_lending(&[req], &|| "the first part of a get".into(), |w| {
+            self.wait_lending(&|| "the first part of a get".into(), |w| {
                 rma(w)
                     .slot(id)
                     .and_then(|s| s.origin.pending.get(&req))

@@ -326,6 +326,17 @@ impl Protocol for Rma {
                 });
             }
             Msg::Result { .. } | Msg::Grant | Msg::Ack | Msg::Err { .. } => {
+                if h.flags & wire::CREDIT_ME != 0 && matches!(msg, Msg::Result { .. }) {
+                    // The target sends the next piece of a large get on this, whatever
+                    // becomes of this one.
+                    let c = Header {
+                        kind: ProtocolId::RMA.kind(wire::CREDIT),
+                        context: h.context,
+                        aux: h.aux,
+                        ..Header::default()
+                    };
+                    out.push_vec(p.src, c, Vec::new());
+                }
                 if !slot.origin.answer(p.src, h.aux, msg) {
                     self.stray(p.src, "an answer to no request");
                 }

@@ -113,6 +113,28 @@ impl Lock {
     }
 }
 
+/// Pieces of large gets one origin may have in flight from this target: a get larger
+/// than a packet is answered this many packets ahead of the origin's credits, so that a
+/// window of large gets never piles copies up in the target's queues.
+pub(crate) const GET_AHEAD: u32 = 4;
+
+/// The large gets of one origin being answered, piece by piece.
+#[derive(Debug, Default)]
+pub(crate) struct Flow {
+    /// Pieces sent and not yet credited.
+    inflight: u32,
+    jobs: VecDeque<Job>,
+}
+
+/// A large get being answered.
+#[derive(Debug)]
+struct Job {
+    req: u32,
+    addr: usize,
+    len: usize,
+    sent: usize,
+}
+
 /// One window as a target sees it.
 #[derive(Debug)]
 pub(crate) struct TargetWin {
@@ -127,6 +149,8 @@ pub(crate) struct TargetWin {
     pub(crate) refused: IdMap<u32, u64>,
     /// `COMPLETE`s received.
     pub(crate) completes: u64,
+    /// Large gets being answered, by origin.
+    flows: IdMap<u32, Flow>,
 }
 
 /// Why a request was refused: the reason, and the displacement and length it named.
@@ -150,6 +174,58 @@ impl TargetWin {
             applied: 0,
             refused: IdMap::default(),
             completes: 0,
+            flows: IdMap::default(),
+        }
+    }
+
+    /// Drops the large gets being answered from memory at `addr`, `len` bytes, which is
+    /// going away; returns their origins and requests, to be told.
+    pub(crate) fn cancel_gets(&mut self, addr: usize, len: usize) -> Vec<(u32, u32)> {
+        let mut gone = Vec::new();
+        for (&origin, f) in self.flows.iter_mut() {
+            f.jobs.retain(|j| {
+                let inside = j.addr < addr + len && addr < j.addr + j.len;
+                if inside {
+                    gone.push((origin, j.req));
+                }
+                !inside
+            });
+        }
+        gone
+    }
+
+    /// Sends the next pieces of `src`'s large gets while it has credit.
+    fn pump(&mut self, src: u32, ctx: u32, chunk: usize, reply: &mut dyn FnMut(Reply)) {
+        let Some(f) = self.flows.get_mut(&src) else { return };
+        while f.inflight < GET_AHEAD {
+            let Some(j) = f.jobs.front_mut() else { break };
+            let n = chunk.min(j.len - j.sent);
+            let mut b = Vec::with_capacity(wire::DISP_HEAD + n);
+            b.extend_from_slice(&wire::disp_head(j.sent as u64));
+            // SAFETY: the job's bytes were checked to lie inside the window when the get
+            // came, and stay mapped while the window is registered (a detach cancels the
+            // jobs on its memory first); copied raw, never borrowed.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    (j.addr + j.sent) as *const u8,
+                    b.as_mut_ptr().add(wire::DISP_HEAD),
+                    n,
+                );
+                b.set_len(wire::DISP_HEAD + n);
+            }
+            let h = Header {
+                kind: u16::from(wire::RESULT),
+                flags: wire::CREDIT_ME,
+                context: ctx,
+                aux: j.req,
+                ..Header::default()
+            };
+            reply((src, h, b));
+            j.sent += n;
+            f.inflight += 1;
+            if j.sent == j.len {
+                f.jobs.pop_front();
+            }
         }
     }
 
@@ -233,6 +309,18 @@ impl TargetWin {
                 self.applied += 1;
                 match self.mem.resolve(disp, len) {
                     None => Err((Refusal::OutOfBounds, disp, len)),
+                    Some(p) if len as usize > max_reply.saturating_sub(wire::DISP_HEAD).max(1) => {
+                        // A large get: answered piece by piece as the origin credits them.
+                        self.flows.entry(src).or_default().jobs.push_back(Job {
+                            req,
+                            addr: p as usize,
+                            len: len as usize,
+                            sent: 0,
+                        });
+                        let chunk = max_reply.saturating_sub(wire::DISP_HEAD).max(1);
+                        self.pump(src, h.context, chunk, reply);
+                        Ok(())
+                    }
                     Some(p) => {
                         let chunk = max_reply.saturating_sub(wire::DISP_HEAD).max(1);
                         let len = len as usize;
@@ -327,6 +415,14 @@ impl TargetWin {
             }
             Msg::Complete => {
                 self.completes += 1;
+                Ok(())
+            }
+            Msg::Credit => {
+                if let Some(f) = self.flows.get_mut(&src) {
+                    f.inflight = f.inflight.saturating_sub(1);
+                }
+                let chunk = max_reply.saturating_sub(wire::DISP_HEAD).max(1);
+                self.pump(src, h.context, chunk, reply);
                 Ok(())
             }
             // Replies and posts are the origin's business, not the target's.
@@ -522,6 +618,41 @@ mod tests {
             got.extend_from_slice(&p[8..]);
         }
         assert_eq!(got, bytemuck::cast_slice::<u64, u8>(&mem));
+    }
+
+    #[test]
+    fn a_large_get_is_answered_as_the_origin_credits_its_pieces() {
+        let mut mem: Vec<u8> = (0..=255).cycle().take(200).collect();
+        let base = mem.as_mut_ptr() as usize;
+        let mut t = TargetWin::new(Memory::Flat { base, len: 200 }, 7, 1);
+        let get = Header {
+            aux: 5,
+            ..Header::default()
+        };
+        // Pieces of 12 bytes (20 less the head): 17 of them, GET_AHEAD at first.
+        let first = served(&mut t, 2, wire::GET, get, &wire::get(0, 200));
+        assert_eq!(first.len(), GET_AHEAD as usize);
+        let mut got: Vec<u8> = Vec::new();
+        let mut take = |out: Vec<(u32, u8, u32, Vec<u8>)>, got: &mut Vec<u8>| {
+            for (to, k, req, p) in out {
+                assert_eq!((to, k, req), (2, wire::RESULT, 5));
+                assert_eq!(u64::from_le_bytes(p[..8].try_into().unwrap()), got.len() as u64);
+                got.extend_from_slice(&p[8..]);
+            }
+        };
+        take(first, &mut got);
+        assert!(served(&mut t, 3, wire::CREDIT, Header::default(), &[]).is_empty(), "another origin's credit");
+        while got.len() < 200 {
+            let more = served(&mut t, 2, wire::CREDIT, Header::default(), &[]);
+            assert_eq!(more.len(), 1, "one piece per credit");
+            take(more, &mut got);
+        }
+        assert_eq!(got, mem);
+        assert!(served(&mut t, 2, wire::CREDIT, Header::default(), &[]).is_empty());
+        // Memory going away ends the gets still being answered from it.
+        let _ = served(&mut t, 2, wire::GET, get, &wire::get(0, 200));
+        assert_eq!(t.cancel_gets(base + 100, 10), [(2, 5)]);
+        assert!(served(&mut t, 2, wire::CREDIT, Header::default(), &[]).is_empty());
     }
 
     #[test]

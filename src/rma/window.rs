@@ -564,6 +564,20 @@ impl<T: Pod> Window<T> {
         if let Memory::Dynamic { pieces } = &mut slot.target.mem {
             pieces.remove(&region.addr);
         }
+        // Large gets still being answered from it end now, refused.
+        let gone = slot
+            .target
+            .cancel_gets(region.addr as usize, region.len * size_of::<T>());
+        for (origin, req) in gone {
+            let h = crate::channel::Header {
+                kind: u16::from(super::wire::ERR),
+                context: self.id,
+                aux: req,
+                ..Default::default()
+            };
+            let why = super::wire::err(super::wire::Refusal::OutOfBounds, region.addr, 0);
+            world.core.send(ProtocolId::RMA, origin, h, &[&why])?;
+        }
         mem.downcast::<Vec<T>>()
             .map(|b| *b)
             .map_err(|_| RmaError::Wrong("memory of another element type"))

@@ -16,7 +16,7 @@
 //! | `CAS` | displacement `u64`, type tag `u32`, element code `u8`, 3 zero bytes, the compared element, the new one |
 //! | `RESULT` | offset `u64` into what was asked for, then the bytes |
 //! | `LOCK`, `UNLOCK` | none; `flags` is 1 (shared) or 2 (exclusive) |
-//! | `GRANT`, `FLUSH`, `ACK`, `POST`, `COMPLETE` | none |
+//! | `GRANT`, `FLUSH`, `ACK`, `POST`, `COMPLETE`, `CREDIT` | none |
 //! | `ERR` | reason `u8`, 7 zero bytes, displacement `u64`, length `u64` |
 //!
 //! A displacement is a byte offset into the target's window memory, or for a dynamic
@@ -58,6 +58,13 @@ pub const ERR: u8 = 14;
 pub const PUTV: u8 = 15;
 /// Asks for several blocks of the target's window; answered by `RESULT`s.
 pub const GETV: u8 = 16;
+/// The origin has taken a `RESULT` marked [`CREDIT_ME`]: the target may send another
+/// piece of a large get.
+pub const CREDIT: u8 = 17;
+
+/// `flags` of a `RESULT` that is a piece of a large get, which the origin answers with
+/// a `CREDIT`.
+pub const CREDIT_ME: u16 = 1;
 
 /// Most blocks one `PUTV` or `GETV` names.
 pub const MAX_BLOCKS: usize = 4096;
@@ -248,6 +255,8 @@ pub enum Msg<'a> {
     Post,
     /// An access epoch ended.
     Complete,
+    /// A piece of a large get was taken.
+    Credit,
     /// A refusal.
     Err {
         /// Why, if the code is known.
@@ -389,13 +398,14 @@ pub fn decode<'a>(kind: u8, h: &Header, payload: &'a [u8]) -> Result<Msg<'a>, Wi
                 exclusive: lock_kind()?,
             }
         }
-        GRANT | FLUSH | ACK | POST | COMPLETE => {
+        GRANT | FLUSH | ACK | POST | COMPLETE | CREDIT => {
             empty()?;
             match kind {
                 GRANT => Msg::Grant,
                 FLUSH => Msg::Flush,
                 ACK => Msg::Ack,
                 POST => Msg::Post,
+                CREDIT => Msg::Credit,
                 _ => Msg::Complete,
             }
         }
