@@ -100,6 +100,17 @@ pub(crate) fn job_nodes<T: Send + 'static>(
     nodes: &[u32],
     f: impl Fn(World) -> T + Send + Sync + 'static,
 ) -> Vec<T> {
+    job_nodes_with(nodes, false, f)
+}
+
+/// As [`job_nodes`], the netmod offering RDMA ([`MemRdma`]) when `rdma`.
+pub(crate) fn job_nodes_with<T: Send + 'static>(
+    nodes: &[u32],
+    rdma: bool,
+    f: impl Fn(World) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let regs = Arc::new(Mutex::new(std::collections::HashMap::new()));
+    let next = Arc::new(std::sync::atomic::AtomicU32::new(1));
     let n: u32 = nodes.iter().sum();
     let wire = Arc::new(Mutex::new(Wire {
         cap: 1 << 20,
@@ -113,6 +124,11 @@ pub(crate) fn job_nodes<T: Send + 'static>(
         let ranks: Vec<u32> = (first..first + size).collect();
         for (i, &r) in ranks.iter().enumerate() {
             let (seg, ranks, f, wire) = (seg.clone(), ranks.clone(), f.clone(), wire.clone());
+            let mem_rdma = rdma.then(|| MemRdma {
+                regs: regs.clone(),
+                next: next.clone(),
+                ops: Default::default(),
+            });
             handles.push(std::thread::spawn(move || {
                 let policy = WaitPolicy {
                     spin: 200,
@@ -120,7 +136,11 @@ pub(crate) fn job_nodes<T: Send + 'static>(
                     slice: Duration::from_millis(20),
                 };
                 let shm = ShmChannel::from_segment(seg, r, n, &ranks, i as u32, policy).unwrap();
-                let net: Box<dyn Netmod> = Box::new(MemNet { me: r, wire });
+                let net: Box<dyn Netmod> = Box::new(MemNet {
+                    me: r,
+                    wire,
+                    rdma: mem_rdma,
+                });
                 let ch = NemesisChannel::with_netmod(shm, Some(net));
                 let cfg = Config::from_lookup(ch.max_payload(), |_| None).unwrap();
                 f(World::with_config(ch, cfg).unwrap())
@@ -156,6 +176,132 @@ pub(crate) struct Wire {
 pub(crate) struct MemNet {
     pub(crate) me: u32,
     pub(crate) wire: Arc<Mutex<Wire>>,
+    /// One-sided access to the other ranks' registered memory, when the job has it.
+    pub(crate) rdma: Option<MemRdma>,
+}
+
+/// RDMA between ranks that are threads of this process: a key names registered memory
+/// anywhere in the process, operations copy at once and complete on their second test,
+/// as a completion queue's might come later.
+#[derive(Debug)]
+pub(crate) struct MemRdma {
+    /// Registered memory of every rank, by key: (address, length).
+    regs: Arc<Mutex<std::collections::HashMap<u32, (usize, usize)>>>,
+    next: Arc<std::sync::atomic::AtomicU32>,
+    /// Operations posted here, and the tests each needs before it is complete.
+    ops: std::collections::HashMap<u64, u32>,
+}
+
+impl MemRdma {
+    fn check(
+        &self,
+        remote: nemesis_net::rdma::Remote,
+        len: usize,
+    ) -> Result<usize, nemesis_net::rdma::RdmaError> {
+        let bad = |why: &str| nemesis_net::rdma::RdmaError::BadKey {
+            peer: 0,
+            why: why.into(),
+        };
+        let regs = self.regs.lock().unwrap();
+        let &(ptr, size) = regs.get(&remote.rkey).ok_or_else(|| bad("unknown key"))?;
+        let start = remote
+            .addr
+            .checked_sub(ptr as u64)
+            .ok_or_else(|| bad("below the region"))?;
+        if start + len as u64 > size as u64 {
+            return Err(bad("beyond the region"));
+        }
+        Ok(ptr + start as usize)
+    }
+
+    fn post(&mut self) -> nemesis_net::rdma::OpId {
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) as u64;
+        self.ops.insert(n, 2);
+        nemesis_net::rdma::OpId(n)
+    }
+}
+
+impl nemesis_net::Rdma for MemRdma {
+    fn register(
+        &mut self,
+        seg: nemesis_net::rdma::Seg,
+    ) -> Result<nemesis_net::rdma::Registration, nemesis_net::rdma::RdmaError> {
+        let key = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.regs.lock().unwrap().insert(key, (seg.ptr as usize, seg.len));
+        Ok(nemesis_net::rdma::Registration {
+            handle: u64::from(key),
+            lkey: key,
+            remote: nemesis_net::rdma::Remote {
+                addr: seg.ptr as u64,
+                len: seg.len as u64,
+                rkey: key,
+            },
+        })
+    }
+    fn deregister(&mut self, reg: &nemesis_net::rdma::Registration) {
+        self.regs.lock().unwrap().remove(&reg.remote.rkey);
+    }
+    unsafe fn get(
+        &mut self,
+        _: u32,
+        local: nemesis_net::rdma::Seg,
+        _: &nemesis_net::rdma::Registration,
+        remote: nemesis_net::rdma::Remote,
+    ) -> Result<nemesis_net::rdma::OpId, nemesis_net::rdma::RdmaError> {
+        let src = self.check(remote, local.len)?;
+        // SAFETY: both regions are registered and live (the caller's contract), and
+        // `local.len` long.
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, local.ptr, local.len) };
+        Ok(self.post())
+    }
+    unsafe fn put(
+        &mut self,
+        _: u32,
+        local: nemesis_net::rdma::Seg,
+        _: &nemesis_net::rdma::Registration,
+        remote: nemesis_net::rdma::Remote,
+    ) -> Result<nemesis_net::rdma::OpId, nemesis_net::rdma::RdmaError> {
+        let dst = self.check(remote, local.len)?;
+        // SAFETY: as in `get`.
+        unsafe { std::ptr::copy_nonoverlapping(local.ptr, dst as *mut u8, local.len) };
+        Ok(self.post())
+    }
+    unsafe fn fetch_add(
+        &mut self,
+        _: u32,
+        _: nemesis_net::rdma::Seg,
+        _: &nemesis_net::rdma::Registration,
+        _: nemesis_net::rdma::Remote,
+        _: u64,
+    ) -> Result<nemesis_net::rdma::OpId, nemesis_net::rdma::RdmaError> {
+        Err(nemesis_net::rdma::RdmaError::NoAtomics)
+    }
+    unsafe fn compare_swap(
+        &mut self,
+        _: u32,
+        _: nemesis_net::rdma::Seg,
+        _: &nemesis_net::rdma::Registration,
+        _: nemesis_net::rdma::Remote,
+        _: u64,
+        _: u64,
+    ) -> Result<nemesis_net::rdma::OpId, nemesis_net::rdma::RdmaError> {
+        Err(nemesis_net::rdma::RdmaError::NoAtomics)
+    }
+    fn test(&mut self, op: nemesis_net::rdma::OpId) -> Result<bool, nemesis_net::rdma::RdmaError> {
+        let left = self
+            .ops
+            .get_mut(&op.0)
+            .ok_or(nemesis_net::rdma::RdmaError::Failed {
+                peer: 0,
+                why: "an operation not under way".into(),
+            })?;
+        *left -= 1;
+        if *left == 0 {
+            self.ops.remove(&op.0);
+            return Ok(true);
+        }
+        Ok(false)
+    }
 }
 
 impl Netmod for MemNet {
@@ -223,5 +369,8 @@ impl Netmod for MemNet {
     fn shutdown(&mut self, _: Duration) {}
     fn stats(&self) -> NetStats {
         NetStats::default()
+    }
+    fn rdma(&mut self) -> Option<&mut dyn nemesis_net::Rdma> {
+        self.rdma.as_mut().map(|r| r as &mut dyn nemesis_net::Rdma)
     }
 }

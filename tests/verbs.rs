@@ -105,6 +105,68 @@ fn examples_over(netmod: &str) {
 }
 
 #[test]
+#[ignore = "child process of the multi-process tests"]
+fn child_rma_suite() {
+    child_main(|| {
+        use nemesis::rma::{Flavor, LockKind, Window};
+        let mut w = nemesis::init().map_err(|e| e.to_string())?;
+        for f in [Flavor::Allocate, Flavor::Create, Flavor::Dynamic] {
+            let done = common::rma::all(&mut w, f)?;
+            if w.rank() == 0 {
+                println!("{f:?}: {}", done.join(" "));
+            }
+        }
+        // A large put and get to the next rank: by RDMA where the netmod has it.
+        let comm = w.comm();
+        let (me, n) = (w.rank(), w.size());
+        let t = (me + 1) % n;
+        let win = Window::<u64>::allocate(&mut w, &comm, 16384).map_err(|e| e.to_string())?;
+        let data: Vec<u64> = (0..16384).map(|i| i ^ u64::from(me)).collect();
+        let mut back = vec![0u64; 16384];
+        let before = nemesis::rma::rdma_transfers(&w);
+        let mut ep = win.lock(&mut w, t, LockKind::Exclusive).map_err(|e| e.to_string())?;
+        ep.put(&data, t, 0).map_err(|e| e.to_string())?;
+        ep.flush(t).map_err(|e| e.to_string())?;
+        ep.read(&mut back, t, 0).map_err(|e| e.to_string())?;
+        ep.unlock().map_err(|e| e.to_string())?;
+        if back != data {
+            return Err("a large put and get did not round-trip".into());
+        }
+        println!(
+            "rank {me}: rdma transfers {}",
+            nemesis::rma::rdma_transfers(&w) - before
+        );
+        w.barrier(&comm).map_err(|e| e.to_string())?;
+        win.free(&mut w).map_err(|e| e.to_string())?;
+        println!("rma suite done");
+        Ok(())
+    });
+}
+
+/// The one-sided checks over each verbs netmod, every rank on its own "node": by
+/// packets over ud, and over rc large puts and gets by RDMA write and read.
+#[test]
+fn one_sided_checks_over_each_verbs_netmod() {
+    if !device() {
+        return;
+    }
+    for netmod in NETMODS {
+        let dir = shm_dir(&format!("verbs-rma-{netmod}"));
+        let o = over(netmod, 3, &dir)
+            .env("NEM_TEST_CHILD", "1")
+            .args(child_args("rma_suite"))
+            .output()
+            .unwrap();
+        assert_ranks_said(&o, "rma suite done", 3, netmod);
+        let out = String::from_utf8_lossy(&o.stdout);
+        let by_rdma = out.matches("rdma transfers 2").count();
+        let want = if netmod == "rc" { 3 } else { 0 };
+        assert_eq!(by_rdma, want, "{netmod}: {}", text(&o));
+        assert!(leftovers(&dir).is_empty());
+    }
+}
+
+#[test]
 fn a_build_without_verbs_names_the_feature_and_a_bad_device_is_named() {
     // This build has the feature: ud is offered, and a device that is not there is an
     // error naming the variable.

@@ -298,6 +298,13 @@ pub trait Channel {
         None
     }
 
+    /// One-sided access to registered memory of the peers the network module reaches,
+    /// if it offers it (InfiniBand verbs `rc`): what one-sided operations use to reach
+    /// windows on other nodes without their owners' part.
+    fn rdma(&mut self) -> Option<&mut dyn nemesis_net::Rdma> {
+        None
+    }
+
     /// Sends one contiguous payload.
     #[inline]
     fn send_bytes(&mut self, peer: Rank, header: Header, payload: &[u8]) -> Result<SendStatus, ChannelError> {
@@ -418,6 +425,9 @@ impl<C: Channel + ?Sized> Channel for &mut C {
     }
     fn lmt(&mut self) -> Option<&mut dyn nemesis_lmt::Lmt> {
         (**self).lmt()
+    }
+    fn rdma(&mut self) -> Option<&mut dyn nemesis_net::Rdma> {
+        (**self).rdma()
     }
 }
 

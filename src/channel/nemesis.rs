@@ -508,6 +508,10 @@ impl Channel for NemesisChannel {
         self.shm.lmt()
     }
 
+    fn rdma(&mut self) -> Option<&mut dyn nemesis_net::Rdma> {
+        self.net.as_mut().and_then(|n| n.netmod.rdma())
+    }
+
     fn wait_policy(&self) -> Option<WaitPolicy> {
         Some(self.shm.wait_policy())
     }
@@ -593,6 +597,7 @@ mod tests {
             Box::new(MemNet {
                 me: r,
                 wire: wire.clone(),
+                rdma: None,
             })
         });
         (chans, wire)

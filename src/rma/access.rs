@@ -8,13 +8,14 @@
 //! forgotten epoch leaves the bytes where they landed and never writes anywhere else.
 
 use super::RmaError;
-use super::proto::{Dest, Rma, State, Want};
-use super::window::{Flavor, Peer, Route, Window, rma};
+use super::proto::{Dest, Rma, State, Want, Xfer};
+use super::window::{Flavor, Peer, Route, Window, poll_xfers, rma};
 use super::wire::{self, Refusal};
 use crate::channel::{Channel, Header, NemesisChannel};
 use crate::p2p::{P2pError, World};
 use crate::progress::ProtocolId;
 use bytemuck::Pod;
+use nemesis_net::rdma::{RdmaError, Remote, Seg};
 use std::marker::PhantomData;
 
 /// Which targets an epoch reaches.
@@ -259,11 +260,13 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
         }
         let id = self.win.id;
         let peers = self.win.world_ranks();
+        let busy = self.rdma_busy();
         let r = self.world.wait_until(
             &|| format!("{} one-sided answers", reqs.len()),
             peers,
-            false,
+            busy,
             |w| {
+                poll_xfers(w, id);
                 rma(w)
                     .slot(id)
                     .is_none_or(|s| reqs.iter().all(|&q| s.origin.is_over(q)))
@@ -315,6 +318,126 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
 
     pub(crate) fn max_payload(&self, w: u32, head: usize) -> usize {
         self.world.channel().max_payload_to(w).saturating_sub(head).max(1)
+    }
+
+    /// Whether RDMA transfers are under way: a wait must then not sleep on the channel,
+    /// since their completions ring nothing it sleeps on.
+    pub(crate) fn rdma_busy(&mut self) -> bool {
+        let id = self.win.id;
+        rma(self.world)
+            .slot(id)
+            .is_some_and(|s| !s.origin.xfers.is_empty())
+    }
+
+    /// The smallest put or get that goes by RDMA.
+    pub(crate) fn rdma_min(&mut self) -> usize {
+        self.rma().rdma_min
+    }
+
+    /// Posts a transfer by the network module's RDMA with member `target` (`p`, whose
+    /// route must be RDMA), `len` bytes at `off` of its memory: a put of `put` (copied first, so the
+    /// caller's buffer is free at once), or a get that answers request `req`. `Ok(false)`
+    /// when the device cannot take it now: the caller sends packets instead.
+    pub(crate) fn rdma_post(
+        &mut self,
+        target: u32,
+        p: Peer,
+        off: usize,
+        put: Option<&[u8]>,
+        len: usize,
+        req: u32,
+    ) -> Result<bool, RmaError> {
+        let (w, Route::Rdma(remote)) = (p.world, p.route) else {
+            return Ok(false);
+        };
+        let buf = match put {
+            Some(b) => b.to_vec(),
+            None => vec![0u8; len],
+        };
+        let id = self.win.id;
+        let Some(rdma) = self.world.core.ch.rdma() else {
+            return Ok(false);
+        };
+        let seg = Seg {
+            ptr: buf.as_ptr().cast_mut(),
+            len: buf.len(),
+        };
+        let Ok(reg) = rdma.register(seg) else {
+            return Ok(false);
+        };
+        let at = Remote {
+            addr: remote.addr + off as u64,
+            len: len as u64,
+            rkey: remote.rkey,
+        };
+        // SAFETY: `buf` is registered by `reg` and moves, with it, into the proto, which
+        // keeps it (a vector's bytes do not move with it) until the transfer completes.
+        let posted = unsafe {
+            if put.is_some() {
+                rdma.put(w, seg, &reg, at)
+            } else {
+                rdma.get(w, seg, &reg, at)
+            }
+        };
+        match posted {
+            Ok(op) => {
+                let x = Xfer {
+                    op,
+                    target: w,
+                    reg,
+                    buf,
+                    req,
+                };
+                match self.rma().slot_mut(id) {
+                    Some(s) => s.origin.xfers.push(x),
+                    None => return Err(RmaError::Wrong("the window was freed")),
+                }
+                Ok(true)
+            }
+            Err(RdmaError::Again { .. }) => {
+                rdma.deregister(&reg);
+                Ok(false)
+            }
+            Err(e) => {
+                rdma.deregister(&reg);
+                Err(RmaError::Rdma {
+                    target,
+                    why: e.to_string(),
+                })
+            }
+        }
+    }
+
+    /// Completes the RDMA transfers to `target` (or to every member), and reports a
+    /// put that failed.
+    pub(crate) fn complete_rdma(&mut self, target: Option<u32>) -> Result<(), RmaError> {
+        let id = self.win.id;
+        let tw = target.map(|t| self.win.peers[t as usize].world);
+        let mine = |s: &super::proto::Slot| s.origin.xfers.iter().any(|x| tw.is_none_or(|w| x.target == w));
+        if rma(self.world).slot(id).is_some_and(mine) {
+            let peers = self.win.world_ranks();
+            self.world
+                .wait_until(&|| "RDMA transfers".into(), peers, true, |w| {
+                    poll_xfers(w, id);
+                    !rma(w).slot(id).is_some_and(mine)
+                })
+                .map_err(|e| self.fail(e))?;
+        }
+        let failed = rma(self.world).slot_mut(id).and_then(|s| {
+            let i = s
+                .origin
+                .xfer_failed
+                .iter()
+                .position(|f| tw.is_none_or(|w| f.0 == w))?;
+            Some(s.origin.xfer_failed.remove(i))
+        });
+        match failed {
+            Some((w, why)) => Err(RmaError::Rdma {
+                target: self.rank_of(w),
+                why,
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Files a get's landing: the bytes of request `req` go to `len` bytes at `ptr`, a
@@ -408,10 +531,11 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
         let reqs: Vec<u32> = self.landings.iter().map(|l| l.req).collect();
         let reqs = &reqs[..];
         self.lend(reqs);
+        let busy = self.rdma_busy();
         let peers = self.win.world_ranks();
         let world = &mut *self.world;
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            world.wait_until(what, peers, false, done)
+            world.wait_until(what, peers, busy, done)
         }));
         self.take_back(reqs);
         match r {
@@ -428,6 +552,7 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
         }
         let id = self.win.id;
         let r = self.wait_lending(&|| format!("{} gets", reqs.len()), |w| {
+            poll_xfers(w, id);
             rma(w)
                 .slot(id)
                 .is_none_or(|s| reqs.iter().all(|&q| s.origin.is_over(q)))
@@ -483,6 +608,9 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
     /// targets refused meanwhile.
     pub(crate) fn complete_remote(&mut self, target: Option<u32>) -> Result<(), RmaError> {
         let mut first = self.complete_local(target).err();
+        if let Err(e) = self.complete_rdma(target) {
+            first.get_or_insert(e);
+        }
         // Stores into mapped memory are complete once they are visible.
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         if let Err(e) = self.check_alive(target) {

@@ -107,7 +107,7 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
         let route = self.check_blocks(target, blocks, elems)?;
         let w = self.win.peers[target as usize].world;
         let bytes = elems * size_of::<T>();
-        if route == Route::Am && self.one_packet(w, blocks.len(), bytes) {
+        if matches!(route, Route::Am | Route::Rdma(_)) && self.one_packet(w, blocks.len(), bytes) {
             let size = size_of::<T>() as u64;
             let list: Vec<(u64, u64)> = blocks
                 .iter()
@@ -142,7 +142,7 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
     ) -> Result<(), RmaError> {
         let route = self.check_blocks(target, blocks, dst.len())?;
         let w = self.win.peers[target as usize].world;
-        if route == Route::Am && self.one_packet(w, blocks.len(), 0) {
+        if matches!(route, Route::Am | Route::Rdma(_)) && self.one_packet(w, blocks.len(), 0) {
             let size = size_of::<T>() as u64;
             let list: Vec<(u64, u64)> = blocks
                 .iter()

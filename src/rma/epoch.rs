@@ -150,6 +150,9 @@ impl<T: Pod, C: Channel> Drop for FenceEpoch<'_, '_, T, C> {
 /// at every target, and meets the other members.
 fn fence_sync<T: Pod, C: Channel>(ops: &mut Ops<'_, '_, T, C>, assert: Assert) -> Result<(), RmaError> {
     let mut first = ops.complete_local(None).err();
+    if let Err(e) = ops.complete_rdma(None) {
+        first.get_or_insert(e);
+    }
     fence(Ordering::SeqCst);
     let win = ops.win;
     let comm = win.comm.clone();
@@ -346,7 +349,7 @@ impl<T: Pod, C: Channel> AccessEpoch<'_, '_, T, C> {
 }
 
 fn complete<T: Pod, C: Channel>(ops: &mut Ops<'_, '_, T, C>, group: &[u32]) -> Result<(), RmaError> {
-    let r = ops.complete_local(None);
+    let r = ops.complete_local(None).and(ops.complete_rdma(None));
     fence(Ordering::SeqCst);
     let win = ops.win;
     for &t in group {
@@ -767,7 +770,7 @@ impl<'w, 'b, T: Pod, C: Channel> LockEpoch<'w, 'b, T, C> {
 /// unwinding) waits for nothing.
 fn release<T: Pod, C: Channel>(mut ops: Ops<'_, '_, T, C>, held: Holds, hurry: bool) -> Result<(), RmaError> {
     let mut first = None;
-    if !hurry && let Err(e) = ops.complete_local(None) {
+    if !hurry && let Err(e) = ops.complete_local(None).and(ops.complete_rdma(None)) {
         first = Some(e);
     }
     fence(Ordering::SeqCst);

@@ -69,7 +69,7 @@ pub use epoch::{AccessEpoch, ExposureEpoch, FenceEpoch, LockEpoch};
 pub use ops::Get;
 #[doc(hidden)]
 pub use target::serve_bytes;
-pub use window::{AtomicElem, Flavor, Region, Window};
+pub use window::{AtomicElem, DEFAULT_RDMA_MIN, Flavor, RDMA_MIN_VAR, Region, Window};
 
 use crate::p2p::P2pError;
 use wire::Refusal;
@@ -174,6 +174,14 @@ pub enum RmaError {
         /// What was wrong.
         what: String,
     },
+    /// The network module's RDMA failed a transfer (or could not register memory).
+    #[error("an RDMA transfer with rank {target} failed: {why}")]
+    Rdma {
+        /// The target (communicator rank).
+        target: u32,
+        /// What the device said.
+        why: String,
+    },
     /// A member died or left.
     #[error("rank {rank} failed: {reason}")]
     PeerFailed {
@@ -209,6 +217,16 @@ pub fn stray_packets<C: crate::Channel>(world: &crate::World<C>) -> u64 {
         .core()
         .protocol::<proto::Rma>(crate::ProtocolId::RMA)
         .map_or(0, proto::Rma::strays)
+}
+
+/// Puts and gets this process has made by the network module's RDMA (the `rc` netmod's
+/// reads and writes) rather than by packets: those of at least `NEMESIS_RMA_RDMA_MIN`
+/// bytes (16 KiB by default) to members on other nodes.
+pub fn rdma_transfers<C: crate::Channel>(world: &crate::World<C>) -> u64 {
+    world
+        .core()
+        .protocol::<proto::Rma>(crate::ProtocolId::RMA)
+        .map_or(0, proto::Rma::xfers_done)
 }
 
 impl From<crate::channel::ChannelError> for RmaError {

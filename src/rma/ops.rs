@@ -106,8 +106,35 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
                 self.win.give_up_cma();
                 self.am_put(target, p.world, off as u64, bytes)
             }
-            Route::Am => self.am_put(target, p.world, off as u64, bytes),
+            Route::Rdma(_)
+                if bytes.len() >= self.rdma_min()
+                    && self.rdma_post(target, p, off, Some(bytes), bytes.len(), 0)? =>
+            {
+                Ok(())
+            }
+            Route::Rdma(_) | Route::Am => self.am_put(target, p.world, off as u64, bytes),
         }
+    }
+
+    /// Asks member `target` for `len` bytes at `off`, answering request `req`: by RDMA
+    /// where the route has it and the get is large enough, else by a packet.
+    fn get_by(
+        &mut self,
+        target: u32,
+        p: super::window::Peer,
+        off: usize,
+        req: u32,
+        len: usize,
+    ) -> Result<(), RmaError> {
+        if let Route::Rdma(_) = p.route
+            && len >= self.rdma_min()
+            && self.rdma_post(target, p, off, None, len, req)?
+        {
+            return Ok(());
+        }
+        self.send(p.world, wire::GET, 0, req, &[&wire::get(off as u64, len as u64)])?;
+        self.issued(target, true);
+        Ok(())
     }
 
     fn am_put(&mut self, target: u32, w: u32, off: u64, bytes: &[u8]) -> Result<(), RmaError> {
@@ -163,7 +190,7 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
             {
                 Ok(None)
             }
-            Route::Cma { .. } | Route::Am => {
+            Route::Cma { .. } | Route::Rdma(_) | Route::Am => {
                 if matches!(p.route, Route::Cma { .. }) {
                     self.win.give_up_cma();
                 }
@@ -171,14 +198,7 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
                     return Ok(None);
                 }
                 let req = self.request(p.world, Want::Data(bytes.len()))?;
-                self.send(
-                    p.world,
-                    wire::GET,
-                    0,
-                    req,
-                    &[&wire::get(off as u64, bytes.len() as u64)],
-                )?;
-                self.issued(target, true);
+                self.get_by(target, p, off, req, bytes.len())?;
                 self.land(req, bytes.as_mut_ptr(), bytes.len());
                 Ok(Some(req))
             }
@@ -209,20 +229,13 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
                 return Ok(());
             }
             Route::Cma { .. } => self.win.give_up_cma(),
-            Route::Am => {}
+            Route::Rdma(_) | Route::Am => {}
         }
         if bytes.is_empty() {
             return Ok(());
         }
         let req = self.request(p.world, Want::Data(bytes.len()))?;
-        self.send(
-            p.world,
-            wire::GET,
-            0,
-            req,
-            &[&wire::get(off as u64, bytes.len() as u64)],
-        )?;
-        self.issued(target, true);
+        self.get_by(target, p, off, req, bytes.len())?;
         let got = self.wait_reqs(&[req])?;
         bytes.copy_from_slice(&got[0]);
         Ok(())
@@ -274,6 +287,7 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
             let want = range.end * size_of::<T>();
             let id = self.win.id;
             self.wait_lending(&|| "the first part of a get".into(), |w| {
+                super::window::poll_xfers(w, id);
                 rma(w)
                     .slot(id)
                     .and_then(|s| s.origin.pending.get(&req))
@@ -323,7 +337,7 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
                 }
                 Ok(())
             }
-            Route::Cma { .. } | Route::Am => {
+            Route::Cma { .. } | Route::Rdma(_) | Route::Am => {
                 let max = self.max_payload(p.world, wire::ACC_HEAD) / size * size;
                 for (i, chunk) in bytes.chunks(max.max(size)).enumerate() {
                     let head = self.acc_head(off + i * max, op);
@@ -402,7 +416,7 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
                 }
                 Ok(())
             }
-            Route::Cma { .. } | Route::Am => {
+            Route::Cma { .. } | Route::Rdma(_) | Route::Am => {
                 let max = (self.max_payload(p.world, wire::ACC_HEAD) / size * size).max(size);
                 for (i, (chunk, dst)) in bytes.chunks(max).zip(out.chunks_mut(max)).enumerate() {
                     let req = self.request(p.world, Want::Data(chunk.len()))?;
@@ -446,7 +460,7 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
                 .map_err(|why| self.refusal(target, why, off, size))?;
                 Ok(old)
             }
-            Route::Cma { .. } | Route::Am => {
+            Route::Cma { .. } | Route::Rdma(_) | Route::Am => {
                 let req = self.request(p.world, Want::Data(size))?;
                 let head = self.acc_head(off, op);
                 self.send(p.world, wire::GACC, 0, req, &[&head, bytemuck::bytes_of(&x)])?;
@@ -487,7 +501,7 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
                 .map_err(|why| self.refusal(target, why, off, size))?;
                 Ok(old)
             }
-            Route::Cma { .. } | Route::Am => {
+            Route::Cma { .. } | Route::Rdma(_) | Route::Am => {
                 let req = self.request(p.world, Want::Data(size))?;
                 let head = wire::acc_head(AccHead {
                     disp: off as u64,

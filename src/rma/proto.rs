@@ -8,6 +8,7 @@ use super::target::TargetWin;
 use super::wire::{self, Msg, Refusal};
 use crate::channel::{Header, Packet, Rank};
 use crate::progress::{Outbox, Protocol, ProtocolId};
+use nemesis_net::rdma::{OpId, Rdma, Registration};
 use std::any::Any;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -75,6 +76,21 @@ pub(crate) struct Refused {
     pub(crate) len: u64,
 }
 
+/// A transfer the network module's RDMA does for this origin.
+#[derive(Debug)]
+pub(crate) struct Xfer {
+    pub(crate) op: OpId,
+    /// The target's world rank.
+    pub(crate) target: Rank,
+    /// The registration of `buf`, ended with the transfer.
+    pub(crate) reg: Registration,
+    /// What a put sends, or where a get lands: owned here, so that the device never
+    /// writes into memory that a forgotten epoch gave back to the program.
+    pub(crate) buf: Vec<u8>,
+    /// The request a get answers; 0 for a put.
+    pub(crate) req: u32,
+}
+
 /// One window as an origin sees it.
 #[derive(Debug)]
 pub(crate) struct OriginWin {
@@ -90,6 +106,12 @@ pub(crate) struct OriginWin {
     pub(crate) issued: Vec<u64>,
     /// Members sent puts or accumulates since the last flush of them.
     pub(crate) unflushed: Vec<bool>,
+    /// Transfers the network module's RDMA is doing.
+    pub(crate) xfers: Vec<Xfer>,
+    /// Puts by RDMA that failed, not reported yet: the target, and why.
+    pub(crate) xfer_failed: Vec<(Rank, String)>,
+    /// RDMA transfers completed.
+    pub(crate) xfers_done: u64,
 }
 
 impl OriginWin {
@@ -102,6 +124,9 @@ impl OriginWin {
             posts: IdMap::default(),
             issued: vec![0; members],
             unflushed: vec![false; members],
+            xfers: Vec::new(),
+            xfer_failed: Vec::new(),
+            xfers_done: 0,
         }
     }
 
@@ -127,6 +152,38 @@ impl OriginWin {
             },
         );
         self.next_req
+    }
+
+    /// Moves the RDMA transfers on: each one `rdma` says is complete ends its
+    /// registration and, for a get, answers its request with the bytes.
+    pub(crate) fn poll_xfers(&mut self, rdma: &mut dyn Rdma) {
+        let mut i = 0;
+        while i < self.xfers.len() {
+            let done = rdma.test(self.xfers[i].op);
+            if matches!(done, Ok(false)) {
+                i += 1;
+                continue;
+            }
+            let x = self.xfers.swap_remove(i);
+            rdma.deregister(&x.reg);
+            self.xfers_done += 1;
+            match (done, x.req) {
+                (Ok(_), 0) => {}
+                (Err(e), 0) => self.xfer_failed.push((x.target, e.to_string())),
+                (r, req) => {
+                    if let Some(p) = self.pending.get_mut(&req) {
+                        if r.is_ok() {
+                            p.got = x.buf.len();
+                            p.base = 0;
+                            p.staged = x.buf;
+                            p.state = State::Done;
+                        } else {
+                            p.state = State::Broken("an RDMA read failed");
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// Whether request `req` is answered (or failed).
@@ -203,9 +260,14 @@ pub(crate) struct Rma {
     pub(crate) next_id: u32,
     /// The largest payload to each rank.
     max_to: Vec<usize>,
+    /// Puts and gets of at least this many bytes to a member reached by RDMA use it
+    /// (`NEMESIS_RMA_RDMA_MIN`); smaller ones go as packets.
+    pub(crate) rdma_min: usize,
     rank: Rank,
     /// Packets for windows not here, answers to no request, malformed packets.
     strays: u64,
+    /// RDMA transfers of windows since freed.
+    xfers_retired: u64,
 }
 
 impl std::fmt::Debug for Rma {
@@ -218,13 +280,15 @@ impl std::fmt::Debug for Rma {
 }
 
 impl Rma {
-    pub(crate) fn new(rank: Rank, max_to: Vec<usize>) -> Self {
+    pub(crate) fn new(rank: Rank, max_to: Vec<usize>, rdma_min: usize) -> Self {
         Self {
             wins: IdMap::default(),
             next_id: 1,
             max_to,
+            rdma_min,
             rank,
             strays: 0,
+            xfers_retired: 0,
         }
     }
 
@@ -243,7 +307,9 @@ impl Rma {
     }
 
     pub(crate) fn remove(&mut self, id: u32) -> Option<Slot> {
-        self.wins.remove(&id)
+        let s = self.wins.remove(&id);
+        self.xfers_retired += s.as_ref().map_or(0, |s| s.origin.xfers_done);
+        s
     }
 
     pub(crate) fn slot(&self, id: u32) -> Option<&Slot> {
@@ -252,6 +318,11 @@ impl Rma {
 
     pub(crate) fn slot_mut(&mut self, id: u32) -> Option<&mut Slot> {
         self.wins.get_mut(&id)
+    }
+
+    /// RDMA transfers completed, over every window.
+    pub(crate) fn xfers_done(&self) -> u64 {
+        self.wins.values().map(|s| s.origin.xfers_done).sum::<u64>() + self.xfers_retired
     }
 
     /// Packets that named no window or request here, or were malformed.

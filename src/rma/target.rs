@@ -633,7 +633,7 @@ mod tests {
         let first = served(&mut t, 2, wire::GET, get, &wire::get(0, 200));
         assert_eq!(first.len(), GET_AHEAD as usize);
         let mut got: Vec<u8> = Vec::new();
-        let mut take = |out: Vec<(u32, u8, u32, Vec<u8>)>, got: &mut Vec<u8>| {
+        let take = |out: Vec<(u32, u8, u32, Vec<u8>)>, got: &mut Vec<u8>| {
             for (to, k, req, p) in out {
                 assert_eq!((to, k, req), (2, wire::RESULT, 5));
                 assert_eq!(u64::from_le_bytes(p[..8].try_into().unwrap()), got.len() as u64);
@@ -641,7 +641,10 @@ mod tests {
             }
         };
         take(first, &mut got);
-        assert!(served(&mut t, 3, wire::CREDIT, Header::default(), &[]).is_empty(), "another origin's credit");
+        assert!(
+            served(&mut t, 3, wire::CREDIT, Header::default(), &[]).is_empty(),
+            "another origin's credit"
+        );
         while got.len() < 200 {
             let more = served(&mut t, 2, wire::CREDIT, Header::default(), &[]);
             assert_eq!(more.len(), 1, "one piece per credit");

@@ -4,18 +4,23 @@
 
 use super::*;
 use crate::p2p::World;
-use crate::testkit::{job, job_nodes};
+use crate::testkit::{job, job_nodes, job_nodes_with};
 use crate::{ChannelError, Header, ProtocolId};
 use blocks::Strided;
 
 const FLAVORS: [Flavor; 3] = [Flavor::Allocate, Flavor::Create, Flavor::Dynamic];
 
-/// Runs `f` as every rank of three jobs: three ranks on one node, three ranks each
-/// alone on a node, and two ranks on one node with one alone.
+/// Runs `f` as every rank of four jobs: three ranks on one node, three ranks each
+/// alone on a node, two ranks on one node with one alone, and that again with a netmod
+/// that offers RDMA, which every put and get between nodes then uses.
 fn each_shape(f: impl Fn(World) + Send + Sync + Clone + 'static) {
     job(3, f.clone());
     job_nodes(&[1, 1, 1], f.clone());
-    job_nodes(&[2, 1], f);
+    job_nodes(&[2, 1], f.clone());
+    job_nodes_with(&[2, 1], true, move |mut w| {
+        window::rma(&mut w).rdma_min = 0;
+        f(w)
+    });
 }
 
 /// A window of `len` u64 per member in `flavor`, and the displacement of each member's
@@ -541,4 +546,44 @@ fn strided_blocks_gather_and_scatter_between_origin_and_target() {
             win.free(&mut w).unwrap();
         });
     }
+}
+
+#[test]
+fn large_puts_and_gets_between_nodes_go_by_rdma_where_the_netmod_offers_it() {
+    job_nodes_with(&[1, 1], true, |mut w| {
+        let comm = w.comm();
+        let (me, n) = (w.rank(), w.size());
+        let t = (me + 1) % n;
+        let win = Window::<u64>::allocate(&mut w, &comm, 8192).unwrap();
+        let small = [7u64; 4];
+        let big: Vec<u64> = (0..8192).map(|i| i * 5 + u64::from(me)).collect();
+        let mut back = vec![0u64; 8192];
+        let mut few = [0u64; 4];
+        {
+            let mut ep = win.lock(&mut w, t, LockKind::Exclusive).unwrap();
+            ep.put(&small, t, 0).unwrap();
+            ep.flush(t).unwrap();
+            assert_eq!(
+                super::rdma_transfers(ep.world()),
+                0,
+                "below NEMESIS_RMA_RDMA_MIN: packets"
+            );
+            ep.put(&big, t, 0).unwrap();
+            ep.flush(t).unwrap();
+            assert_eq!(super::rdma_transfers(ep.world()), 1, "a 64 KiB put by RDMA");
+            let g = ep.rget(&mut back, t, 0).unwrap();
+            let got = ep.wait(g).unwrap();
+            assert!(got == big.as_slice());
+            ep.read(&mut few, t, 8188).unwrap();
+            ep.unlock().unwrap();
+        }
+        assert_eq!(few, big[8188..]);
+        assert_eq!(
+            super::rdma_transfers(&w),
+            2,
+            "the large get too, and not the small read"
+        );
+        w.barrier(&comm).unwrap();
+        win.free(&mut w).unwrap();
+    });
 }

@@ -9,6 +9,7 @@ use crate::op::Op;
 use crate::p2p::{Comm, Locality, World};
 use crate::progress::ProtocolId;
 use bytemuck::Pod;
+use nemesis_net::rdma::{Registration, Remote, Seg};
 use nemesis_shm::window::WinFile;
 use std::any::Any;
 use std::marker::PhantomData;
@@ -46,6 +47,9 @@ pub(crate) enum Route {
         /// Where its memory starts in its address space.
         addr: u64,
     },
+    /// Another node whose network module offers RDMA: large puts and gets by the
+    /// device, the rest by messages.
+    Rdma(Remote),
     /// Messages served by the member's progress core.
     Am,
 }
@@ -97,6 +101,8 @@ pub struct Window<T: Pod> {
     checked_ms: AtomicU64,
     /// The members' world ranks, for failure checks.
     worlds: Vec<u32>,
+    /// This member's memory registered with the network module's RDMA, if it is.
+    rdma_reg: Option<Registration>,
     _t: PhantomData<T>,
 }
 
@@ -143,7 +149,7 @@ pub(crate) fn rma<C: Channel>(world: &mut World<C>) -> &mut Rma {
         let max_to = (0..world.size())
             .map(|r| world.channel().max_payload_to(r))
             .collect();
-        let p = Rma::new(world.rank(), max_to);
+        let p = Rma::new(world.rank(), max_to, rdma_min_from_env());
         // The id is reserved for this layer: nobody else can have taken it.
         let _ = world.core.register(ProtocolId::RMA, p);
     }
@@ -151,6 +157,44 @@ pub(crate) fn rma<C: Channel>(world: &mut World<C>) -> &mut Rma {
         .core
         .protocol_mut::<Rma>(ProtocolId::RMA)
         .expect("registered just now")
+}
+
+/// The variable that sets the smallest put or get that goes by RDMA.
+pub const RDMA_MIN_VAR: &str = "NEMESIS_RMA_RDMA_MIN";
+
+/// Below this, a put or get to a member reached by RDMA goes as a packet: registering
+/// the bytes costs more than the packet (`NEMESIS_RMA_RDMA_MIN`).
+pub const DEFAULT_RDMA_MIN: usize = 16 << 10;
+
+/// `NEMESIS_RMA_RDMA_MIN`, or the default; an unreadable value is named once and the
+/// default used (the world has already started).
+fn rdma_min_from_env() -> usize {
+    match std::env::var(RDMA_MIN_VAR) {
+        Err(_) => DEFAULT_RDMA_MIN,
+        Ok(v) => nemesis_shm::config::parse_size(&v)
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or_else(|| {
+                eprintln!("nemesis: {RDMA_MIN_VAR}={v:?} is not a size; using {DEFAULT_RDMA_MIN}");
+                DEFAULT_RDMA_MIN
+            }),
+    }
+}
+
+/// Moves window `id`'s RDMA transfers on, if the channel has RDMA.
+pub(crate) fn poll_xfers<C: Channel>(world: &mut World<C>, id: u32) {
+    let core = &mut world.core;
+    let Some(rdma) = core.ch.rdma() else { return };
+    let proto: Option<&mut dyn std::any::Any> = core
+        .table
+        .get_mut(ProtocolId::RMA)
+        .map(|p| p as &mut dyn std::any::Any);
+    if let Some(s) = proto
+        .and_then(|p| p.downcast_mut::<Rma>())
+        .and_then(|r| r.slot_mut(id))
+        && !s.origin.xfers.is_empty()
+    {
+        s.origin.poll_xfers(rdma);
+    }
 }
 
 /// Agrees whether every member succeeded: `Ok` if all did, else the error of the
@@ -336,6 +380,38 @@ impl<T: Pod> Window<T> {
             }
             r?;
         }
+        // This member's own memory, and its RDMA key for members on other nodes.
+        let own: (usize, usize) = match (flavor, &file, my_index) {
+            (Flavor::Allocate, Some(f), Some(m)) => {
+                let (p, l) = f.data(m);
+                (p.as_ptr() as usize, l)
+            }
+            (Flavor::Create, _, _) => (base as usize, bytes as usize),
+            _ => (0, 0),
+        };
+        let mut rdma_reg = None;
+        let mut keys = vec![0u64; 3 * n];
+        if flavor != Flavor::Dynamic && world.core.ch.rdma().is_some() {
+            let far = (0..n).any(|r| locality[field(r, 0) as usize] == Locality::Remote);
+            let mut mine = [0u64; 3];
+            if far && own.1 > 0 {
+                let seg = Seg {
+                    ptr: own.0 as *mut u8,
+                    len: own.1,
+                };
+                match world.core.ch.rdma().map(|r| r.register(seg)) {
+                    Some(Ok(reg)) => {
+                        mine = [reg.remote.addr, reg.remote.len, u64::from(reg.remote.rkey) + 1];
+                        rdma_reg = Some(reg);
+                    }
+                    Some(Err(e)) => eprintln!(
+                        "nemesis: rank {my_world}'s part of window {id} is reached by messages, not RDMA: {e}"
+                    ),
+                    None => {}
+                }
+            }
+            world.allgather(comm, &mine, &mut keys)?;
+        }
         let cma = flavor == Flavor::Create && n > 1 && nemesis_lmt::cma::probe().is_ok();
         let peers: Vec<Peer> = (0..n)
             .map(|r| {
@@ -363,6 +439,16 @@ impl<T: Pod> Window<T> {
                         addr: field(r, 6),
                     },
                     Flavor::Create => Route::Am,
+                };
+                let route = match route {
+                    Route::Am if keys[3 * r + 2] != 0 && locality[w as usize] == Locality::Remote => {
+                        Route::Rdma(Remote {
+                            addr: keys[3 * r],
+                            len: keys[3 * r + 1],
+                            rkey: (keys[3 * r + 2] - 1) as u32,
+                        })
+                    }
+                    other => other,
                 };
                 Peer {
                     world: w,
@@ -414,6 +500,7 @@ impl<T: Pod> Window<T> {
             owned,
             cma_off: AtomicBool::new(false),
             checked_ms: AtomicU64::new(coarse_ms()),
+            rdma_reg,
             _t: PhantomData,
         })
     }
@@ -426,6 +513,21 @@ impl<T: Pod> Window<T> {
     pub fn free<C: Channel>(self, world: &mut World<C>) -> Result<Option<Vec<T>>, RmaError> {
         self.check_world(world)?;
         world.barrier(&self.comm)?;
+        // A forgotten epoch may have left transfers under way: the device must be done
+        // with their buffers before they go.
+        let id = self.id;
+        world.wait_until(
+            &|| "the window's RDMA transfers".into(),
+            &self.worlds,
+            true,
+            |w| {
+                poll_xfers(w, id);
+                rma(w).slot(id).is_none_or(|s| s.origin.xfers.is_empty())
+            },
+        )?;
+        if let (Some(reg), Some(r)) = (&self.rdma_reg, world.core.ch.rdma()) {
+            r.deregister(reg);
+        }
         drop(rma(world).remove(self.id));
         let Some(owned) = self.owned else {
             return Ok(None);
