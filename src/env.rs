@@ -53,6 +53,11 @@ pub const KNOWN: &[(&str, Reader, &str)] = &[
         "thread: a helper serves one-sided requests during World::compute",
     ),
     (
+        "NEMESIS_RMA_RDMA_MIN",
+        Reader::Library,
+        "smallest one-sided put or get that goes by RDMA",
+    ),
+    (
         "NEMESIS_LMT_AUTO",
         Reader::Library,
         "the order automatic selection tries strategies in",

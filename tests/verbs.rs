@@ -124,7 +124,9 @@ fn child_rma_suite() {
         let data: Vec<u64> = (0..16384).map(|i| i ^ u64::from(me)).collect();
         let mut back = vec![0u64; 16384];
         let before = nemesis::rma::rdma_transfers(&w);
-        let mut ep = win.lock(&mut w, t, LockKind::Exclusive).map_err(|e| e.to_string())?;
+        let mut ep = win
+            .lock(&mut w, t, LockKind::Exclusive)
+            .map_err(|e| e.to_string())?;
         ep.put(&data, t, 0).map_err(|e| e.to_string())?;
         ep.flush(t).map_err(|e| e.to_string())?;
         ep.read(&mut back, t, 0).map_err(|e| e.to_string())?;
