@@ -391,21 +391,7 @@ fn stress_across_two_hosts_over_each_netmod() {
 #[test]
 #[ignore = "child process of the multi-process tests"]
 fn child_rma_suite() {
-    child_main(|| {
-        let mut w = nemesis::init().map_err(|e| e.to_string())?;
-        for f in [
-            nemesis::rma::Flavor::Allocate,
-            nemesis::rma::Flavor::Create,
-            nemesis::rma::Flavor::Dynamic,
-        ] {
-            let done = common::rma::all(&mut w, f)?;
-            if w.rank() == 0 {
-                println!("{f:?}: {}", done.join(" "));
-            }
-        }
-        println!("rma suite done");
-        Ok(())
-    });
+    child_main(common::rma::child);
 }
 
 /// The one-sided checks, two ranks on each host: members on a host reach each other's

@@ -8,38 +8,13 @@
 mod common;
 
 use common::*;
-use nemesis::rma::{Flavor, LockKind, RmaError, Window};
+use nemesis::rma::{LockKind, RmaError, Window};
 use std::time::{Duration, Instant};
-
-/// The flavours `RMA_FLAVORS` names (all three by default).
-fn flavors() -> Vec<Flavor> {
-    let all = [Flavor::Allocate, Flavor::Create, Flavor::Dynamic];
-    match std::env::var("RMA_FLAVORS") {
-        Ok(v) => all
-            .into_iter()
-            .filter(|f| {
-                v.split(',')
-                    .any(|s| format!("{f:?}").eq_ignore_ascii_case(s.trim()))
-            })
-            .collect(),
-        Err(_) => all.to_vec(),
-    }
-}
 
 #[test]
 #[ignore = "child process of the multi-process tests"]
 fn child_rma_suite() {
-    child_main(|| {
-        let mut w = nemesis::init().map_err(|e| e.to_string())?;
-        for f in flavors() {
-            let done = common::rma::all(&mut w, f)?;
-            if w.rank() == 0 {
-                println!("{f:?}: {}", done.join(" "));
-            }
-        }
-        println!("rma suite done");
-        Ok(())
-    });
+    child_main(common::rma::child);
 }
 
 /// Rank 0 locks rank 1, which then dies (`LEAVE=exit`) or leaves (`LEAVE=drop`); rank

@@ -108,14 +108,9 @@ fn examples_over(netmod: &str) {
 #[ignore = "child process of the multi-process tests"]
 fn child_rma_suite() {
     child_main(|| {
-        use nemesis::rma::{Flavor, LockKind, Window};
+        use nemesis::rma::{LockKind, Window};
         let mut w = nemesis::init().map_err(|e| e.to_string())?;
-        for f in [Flavor::Allocate, Flavor::Create, Flavor::Dynamic] {
-            let done = common::rma::all(&mut w, f)?;
-            if w.rank() == 0 {
-                println!("{f:?}: {}", done.join(" "));
-            }
-        }
+        common::rma::suite(&mut w)?;
         // A large put and get to the next rank: by RDMA where the netmod has it.
         let comm = w.comm();
         let (me, n) = (w.rank(), w.size());
@@ -140,7 +135,7 @@ fn child_rma_suite() {
         );
         w.barrier(&comm).map_err(|e| e.to_string())?;
         win.free(&mut w).map_err(|e| e.to_string())?;
-        println!("rma suite done");
+        println!("rdma check done");
         Ok(())
     });
 }
@@ -159,7 +154,7 @@ fn one_sided_checks_over_each_verbs_netmod() {
             .args(child_args("rma_suite"))
             .output()
             .unwrap();
-        assert_ranks_said(&o, "rma suite done", 3, netmod);
+        assert_ranks_said(&o, "rdma check done", 3, netmod);
         let out = String::from_utf8_lossy(&o.stdout);
         let by_rdma = out.matches("rdma transfers 2").count();
         let want = if netmod == "rc" { 3 } else { 0 };

@@ -172,37 +172,40 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
         })
     }
 
-    fn start_get(&mut self, dst: &'b mut [T], target: u32, disp: usize) -> Result<Option<u32>, RmaError> {
-        self.serve_others()?;
-        let p = self.check(target, disp, dst.len())?;
-        let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
-        let off = disp * size_of::<T>();
+    /// Reads the bytes at `off` of a member reached through memory straight into
+    /// `bytes`; false for a member that must be asked (the caller asks it).
+    fn read_direct(&mut self, p: super::window::Peer, off: usize, bytes: &mut [u8]) -> bool {
         match p.route {
             Route::Own(a) | Route::Shm(a) => {
                 // SAFETY: as for `put`, reading.
                 unsafe {
                     std::ptr::copy_nonoverlapping((a + off) as *const u8, bytes.as_mut_ptr(), bytes.len())
                 };
-                Ok(None)
+                true
             }
-            Route::Cma { pid, addr }
-                if cma(pid, addr + off as u64, bytes.as_mut_ptr(), bytes.len(), false) =>
-            {
-                Ok(None)
-            }
-            Route::Cma { .. } | Route::Rdma(_) | Route::Am => {
-                if matches!(p.route, Route::Cma { .. }) {
+            Route::Cma { pid, addr } => {
+                let done = cma(pid, addr + off as u64, bytes.as_mut_ptr(), bytes.len(), false);
+                if !done {
                     self.win.give_up_cma();
                 }
-                if bytes.is_empty() {
-                    return Ok(None);
-                }
-                let req = self.request(p.world, Want::Data(bytes.len()))?;
-                self.get_by(target, p, off, req, bytes.len())?;
-                self.land(req, bytes.as_mut_ptr(), bytes.len());
-                Ok(Some(req))
+                done
             }
+            Route::Rdma(_) | Route::Am => false,
         }
+    }
+
+    fn start_get(&mut self, dst: &'b mut [T], target: u32, disp: usize) -> Result<Option<u32>, RmaError> {
+        self.serve_others()?;
+        let p = self.check(target, disp, dst.len())?;
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
+        let off = disp * size_of::<T>();
+        if self.read_direct(p, off, bytes) || bytes.is_empty() {
+            return Ok(None);
+        }
+        let req = self.request(p.world, Want::Data(bytes.len()))?;
+        self.get_by(target, p, off, req, bytes.len())?;
+        self.land(req, bytes.as_mut_ptr(), bytes.len());
+        Ok(Some(req))
     }
 
     /// Reads member `target`'s memory at `disp` into `dst` and returns once it is there:
@@ -215,21 +218,8 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
         let p = self.check(target, disp, dst.len())?;
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(dst);
         let off = disp * size_of::<T>();
-        match p.route {
-            Route::Own(a) | Route::Shm(a) => {
-                // SAFETY: as for `put`, reading.
-                unsafe {
-                    std::ptr::copy_nonoverlapping((a + off) as *const u8, bytes.as_mut_ptr(), bytes.len())
-                };
-                return Ok(());
-            }
-            Route::Cma { pid, addr }
-                if cma(pid, addr + off as u64, bytes.as_mut_ptr(), bytes.len(), false) =>
-            {
-                return Ok(());
-            }
-            Route::Cma { .. } => self.win.give_up_cma(),
-            Route::Rdma(_) | Route::Am => {}
+        if self.read_direct(p, off, bytes) {
+            return Ok(());
         }
         if bytes.is_empty() {
             return Ok(());

@@ -247,6 +247,12 @@ impl TargetWin {
             aux: req,
             ..Header::default()
         };
+        let grant = |r: u32| Header {
+            kind: u16::from(wire::GRANT),
+            context: h.context,
+            aux: r,
+            ..Header::default()
+        };
         let result = match msg {
             Msg::Put { disp, data } => {
                 self.applied += 1;
@@ -383,13 +389,7 @@ impl TargetWin {
             }
             Msg::Lock { exclusive } => {
                 for (o, r) in self.lock.request(src, exclusive, req) {
-                    let g = Header {
-                        kind: u16::from(wire::GRANT),
-                        context: h.context,
-                        aux: r,
-                        ..Header::default()
-                    };
-                    reply((o, g, Vec::new()));
+                    reply((o, grant(r), Vec::new()));
                 }
                 Ok(())
             }
@@ -398,13 +398,7 @@ impl TargetWin {
                 Some(granted) => {
                     reply((src, answer(wire::ACK), Vec::new()));
                     for (o, r) in granted {
-                        let g = Header {
-                            kind: u16::from(wire::GRANT),
-                            context: h.context,
-                            aux: r,
-                            ..Header::default()
-                        };
-                        reply((o, g, Vec::new()));
+                        reply((o, grant(r), Vec::new()));
                     }
                     Ok(())
                 }

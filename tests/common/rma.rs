@@ -18,6 +18,13 @@ fn p(what: &'static str) -> impl Fn(nemesis::P2pError) -> String {
     move |e| format!("{what}: {e}")
 }
 
+/// Reads `out.len()` elements of rank `t` at `at`, in a shared lock epoch of its own.
+fn read_back(w: &mut World, win: &Window<u64>, t: u32, at: usize, out: &mut [u64]) -> R {
+    let mut ep = win.lock(w, t, LockKind::Shared).map_err(e("lock"))?;
+    ep.read(out, t, at).map_err(e("read"))?;
+    ep.unlock().map_err(e("unlock"))
+}
+
 /// A window of `len` u64 per rank in `flavor`, and each rank's base displacement.
 pub fn window(w: &mut World, flavor: Flavor, len: usize) -> Result<(Window<u64>, Vec<usize>), String> {
     let comm = w.comm();
@@ -104,9 +111,7 @@ pub fn atomic_rmw(w: &mut World) -> R {
     let mut total = [wins];
     w.allreduce(&comm, &mut total, Op::Sum).map_err(p("allreduce"))?;
     let mut v = [0u64; 3];
-    let mut ep = win.lock(w, 0, LockKind::Shared).map_err(e("lock"))?;
-    ep.read(&mut v, 0, 0).map_err(e("read"))?;
-    ep.unlock().map_err(e("unlock"))?;
+    read_back(w, &win, 0, 0, &mut v)?;
     if v != [EACH * n, total[0] + EACH * n, 2 * EACH * n] {
         return Err(format!(
             "after the updates rank 0 holds {v:?}, expected [{}, {}, {}]",
@@ -244,9 +249,7 @@ pub fn mutex(w: &mut World, flavor: Flavor) -> R {
     ep.unlock().map_err(e("unlock"))?;
     w.barrier(&comm).map_err(p("barrier"))?;
     let mut v = [0u64];
-    let mut ep = win.lock(w, 0, LockKind::Shared).map_err(e("lock"))?;
-    ep.read(&mut v, 0, c).map_err(e("read"))?;
-    ep.unlock().map_err(e("unlock"))?;
+    read_back(w, &win, 0, c, &mut v)?;
     if v[0] != EACH * u64::from(n) {
         return Err(format!(
             "the guarded counter is {}, expected {}",
@@ -319,9 +322,7 @@ pub fn pscw(w: &mut World, flavor: Flavor) -> R {
         acc.complete().map_err(e("complete"))?;
         exp.wait(w).map_err(e("wait"))?;
         let mut v = [0u64; 2];
-        let mut ep = win.lock(w, me, LockKind::Shared).map_err(e("lock"))?;
-        ep.read(&mut v, me, base[me as usize]).map_err(e("read"))?;
-        ep.unlock().map_err(e("unlock"))?;
+        read_back(w, &win, me, base[me as usize], &mut v)?;
         let want = round * (round + 1) / 2;
         let both = if left == right { 2 * want } else { want };
         if v != [want, want] && !(left == right && v == [both, both]) {
@@ -366,9 +367,7 @@ pub fn lock_contention(w: &mut World, flavor: Flavor) -> R {
     let mut total = [writes];
     w.allreduce(&comm, &mut total, Op::Sum).map_err(p("allreduce"))?;
     let mut v = [0u64; 2];
-    let mut ep = win.lock(w, 0, LockKind::Shared).map_err(e("lock"))?;
-    ep.read(&mut v, 0, at).map_err(e("read"))?;
-    ep.unlock().map_err(e("unlock"))?;
+    read_back(w, &win, 0, at, &mut v)?;
     if v != [total[0], total[0]] {
         return Err(format!("{v:?} after {} exclusive updates", total[0]));
     }
@@ -419,9 +418,7 @@ pub fn transpose(w: &mut World, flavor: Flavor) -> R {
     }
     ep.end(Assert::NONE).map_err(e("fence"))?;
     let mut got = vec![0u64; N * N];
-    let mut ep = win.lock(w, me, LockKind::Shared).map_err(e("lock"))?;
-    ep.read(&mut got, me, base[me as usize]).map_err(e("read"))?;
-    ep.unlock().map_err(e("unlock"))?;
+    read_back(w, &win, me, base[me as usize], &mut got)?;
     for r in 0..N {
         for c in 0..N {
             let want = (c * N + r) as u64 + 1000 * u64::from(left);
@@ -463,6 +460,32 @@ pub fn self_and_zero(w: &mut World, flavor: Flavor) -> R {
     }
     w.barrier(&w.comm()).map_err(p("barrier"))?;
     win.free(w).map_err(e("free"))?;
+    Ok(())
+}
+
+/// The child of the one-sided checks in every test binary that runs them: each flavour
+/// in turn, the names and times of the checks on rank 0's standard output.
+pub fn child() -> R {
+    let mut w = nemesis::init().map_err(|e| e.to_string())?;
+    suite(&mut w)
+}
+
+/// Every check for each flavour `RMA_FLAVORS` names (all three by default), on `w`.
+pub fn suite(w: &mut World) -> R {
+    let all = [Flavor::Allocate, Flavor::Create, Flavor::Dynamic];
+    let wanted = std::env::var("RMA_FLAVORS").ok();
+    for f in all.into_iter().filter(|f| {
+        wanted.as_deref().is_none_or(|v| {
+            v.split(',')
+                .any(|s| format!("{f:?}").eq_ignore_ascii_case(s.trim()))
+        })
+    }) {
+        let done = self::all(w, f)?;
+        if w.rank() == 0 {
+            println!("{f:?}: {}", done.join(" "));
+        }
+    }
+    println!("rma suite done");
     Ok(())
 }
 
