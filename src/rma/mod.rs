@@ -66,7 +66,7 @@ pub use access::Ops;
 pub use blocks::Strided;
 pub use elem::AccOp;
 pub use epoch::{AccessEpoch, ExposureEpoch, FenceEpoch, LockEpoch};
-pub use ops::Get;
+pub use ops::{Get, Put};
 #[doc(hidden)]
 pub use target::serve_bytes;
 pub use window::{AtomicElem, DEFAULT_RDMA_MIN, Flavor, RDMA_MIN_VAR, Region, Window};

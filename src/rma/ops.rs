@@ -26,6 +26,31 @@ pub struct Get<'b, T> {
     _buf: PhantomData<&'b mut [T]>,
 }
 
+/// A request-based put ([`Ops::rput`]): complete at the origin from the start, since a
+/// put's bytes are copied or sent before it returns; for code that keeps MPI's
+/// `Rput` requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Put {
+    bytes: usize,
+}
+
+impl Put {
+    /// Whether the origin's buffer may be reused: always.
+    pub fn is_complete(&self) -> bool {
+        true
+    }
+
+    /// Bytes it put.
+    pub fn len(&self) -> usize {
+        self.bytes
+    }
+
+    /// Whether it put none.
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+}
+
 impl<T> Get<'_, T> {
     /// Elements asked for.
     pub fn len(&self) -> usize {
@@ -114,6 +139,18 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
             }
             Route::Rdma(_) | Route::Am => self.am_put(target, p.world, off as u64, bytes),
         }
+    }
+
+    /// As [`Ops::put`], returning a request (MPI's `Rput`), complete at the origin when
+    /// it returns; completion at the target comes with a flush or the epoch's end.
+    ///
+    /// # Errors
+    /// As for [`Ops::put`].
+    pub fn rput(&mut self, src: &[T], target: u32, disp: usize) -> Result<Put, RmaError> {
+        self.put(src, target, disp)?;
+        Ok(Put {
+            bytes: std::mem::size_of_val(src),
+        })
     }
 
     /// Asks member `target` for `len` bytes at `off`, answering request `req`: by RDMA

@@ -385,7 +385,10 @@ pub fn put_flush_get(w: &mut World, flavor: Flavor) -> R {
     let data: Vec<u64> = (0..4096).map(|i| i * 7 + u64::from(me)).collect();
     let mut back = vec![0u64; 4096];
     let mut ep = win.lock(w, t, LockKind::Exclusive).map_err(e("lock"))?;
-    ep.put(&data, t, base[t as usize]).map_err(e("put"))?;
+    let r = ep.rput(&data, t, base[t as usize]).map_err(e("rput"))?;
+    if !r.is_complete() || r.len() != 8 * data.len() {
+        return Err("an rput not complete at the origin when it returned".into());
+    }
     ep.flush(t).map_err(e("flush"))?;
     let g = ep.rget(&mut back, t, base[t as usize]).map_err(e("rget"))?;
     let got = ep.wait(g).map_err(e("wait"))?;
