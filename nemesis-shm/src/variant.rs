@@ -45,6 +45,8 @@ pub trait Variant: 'static {
     /// Whether an element update runs as one atomic read-modify-write rather than a
     /// load and a store.
     const RMA_ATOMIC_RMW: bool = true;
+    /// Whether a reader of a counter-word lock backs out when a writer holds or waits.
+    const RMA_COUNTER_READER_DEFERS: bool = true;
 }
 
 /// The correct protocol.
@@ -178,6 +180,16 @@ pub enum RelaxedLockRelease {}
 #[cfg(loom)]
 impl Variant for RelaxedLockRelease {
     const RMA_LOCK_RELEASE: Ordering = Ordering::Relaxed;
+}
+
+/// Broken: a reader of a counter-word lock goes in whatever the writers' fields say,
+/// so it may read while a writer writes.
+#[cfg(loom)]
+#[derive(Debug)]
+pub enum BlindReader {}
+#[cfg(loom)]
+impl Variant for BlindReader {
+    const RMA_COUNTER_READER_DEFERS: bool = false;
 }
 
 /// Broken: post and complete count with Relaxed increments, so a target may read its

@@ -4,12 +4,15 @@
 //! - [`atomic`]: element updates (accumulates, fetch-and-op, compare-and-swap) as CPU
 //!   atomics, the one executor of every update of a window;
 //! - [`lock`]: the fair reader-writer ticket lock of each target;
+//! - [`counter`]: the counter-word lock of a window whose atomics run on the network
+//!   card;
 //! - [`pscw`]: the counters of post, start, complete and wait;
 //! - `WinFile`: the file that holds them and the members' memory.
 //!
-//! The loom models in `loom-tests` run the lock, the counters and the updates.
+//! The loom models in `loom-tests` run both locks, the counters and the updates.
 
 pub mod atomic;
+pub mod counter;
 #[cfg(not(loom))]
 mod file;
 pub mod lock;
