@@ -187,6 +187,13 @@ pub trait Rdma {
         swap: u64,
     ) -> Result<OpId, RdmaError>;
 
+    /// Whether [`Rdma::fetch_add`] and [`Rdma::compare_swap`] run here: on every
+    /// member, this process's own rank included, so that the device can be the one
+    /// executor of a word.
+    fn has_atomics(&self) -> bool {
+        false
+    }
+
     /// Whether `op` is complete; an error if it failed.
     ///
     /// # Errors

@@ -192,6 +192,22 @@ fn rc_reads_writes_and_atomics_through_the_rdma_hook() {
     assert_eq!(mine[0], 99, "a failed compare leaves the word");
     // SAFETY: reading the device's writes after their completion.
     assert_eq!(unsafe { theirs.as_ptr().add(5).read_volatile() }, 99);
+    // A rank's atomics on its own memory go through its loopback pair, so the device is
+    // the one executor of the word for its owner too.
+    assert!(a.has_atomics() && b.has_atomics());
+    let mut scratch = vec![0u64; 1];
+    let own = Seg {
+        ptr: scratch.as_mut_ptr().cast(),
+        len: 8,
+    };
+    let sreg = b.register(own).unwrap();
+    // SAFETY: `scratch` is registered and unused until the operation completes.
+    let op = unsafe { b.fetch_add(1, own, &sreg, at(5), 1) }.unwrap();
+    wait(&mut *b, op);
+    assert_eq!(scratch[0], 99, "a loopback fetch-and-add returns the old value");
+    // SAFETY: as above.
+    assert_eq!(unsafe { theirs.as_ptr().add(5).read_volatile() }, 100);
+    b.deregister(&sreg);
     // A misaligned word is refused before anything is posted.
     let odd = Remote {
         addr: remote.addr + 4,

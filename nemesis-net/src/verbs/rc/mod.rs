@@ -150,6 +150,10 @@ struct Peer {
     seq: u64,
     heard: Instant,
     pinged: Option<Instant>,
+    /// For this process's own rank: the pair at the other end of a loopback
+    /// connection, which answers RDMA and atomics on our own memory, so the card is
+    /// the one executor of a word even for its owner.
+    _mirror: Option<Qp>,
 }
 
 const NO_SLOT: u32 = u32::MAX;
@@ -310,8 +314,12 @@ impl RcNetmod {
         Ok(())
     }
 
-    /// Makes the peer's pair, from its card; it is not connected yet.
+    /// Makes the peer's pair, from its card; it is not connected yet (our own rank's is:
+    /// a loopback pair, for RDMA only).
     fn make_peer(&mut self, rank: u32) -> Result<&mut Peer, NetError> {
+        if rank == self.me && self.peers[rank as usize].is_none() {
+            self.make_loopback()?;
+        }
         if self.peers[rank as usize].is_none() {
             let (ctl, mtu) = decode_card_as("rc", rank, &self.cards.card(rank)?)?;
             let qp = Qp::rc(&self.pd, &self.cq, &self.srq, qp_cap(), self.port)?;
@@ -332,6 +340,7 @@ impl RcNetmod {
                 seq: 0,
                 heard: now,
                 pinged: None,
+                _mirror: None,
             }));
         }
         self.peers[rank as usize]
@@ -340,6 +349,47 @@ impl RcNetmod {
                 rank,
                 size: self.size,
             })
+    }
+
+    /// Connects two pairs of ours to each other: the first posts RDMA and atomics on
+    /// this process's memory, the second answers them. No packet goes on it.
+    fn make_loopback(&mut self) -> Result<(), NetError> {
+        let qp = Qp::rc(&self.pd, &self.cq, &self.srq, qp_cap(), self.port)?;
+        let mirror = Qp::rc(&self.pd, &self.cq, &self.srq, qp_cap(), self.port)?;
+        let ctl = self.ctl.addr();
+        let psn = (self.key.token(self.me, self.me) as u32) & 0x00ff_ffff;
+        let path = |qpn| RcPath {
+            qpn,
+            gid: ctl.gid,
+            sgid_index: self.sgid_index,
+            port: self.port,
+            mtu: self.mtu,
+            our_psn: psn,
+            their_psn: psn,
+            timeout: ack_timeout_for(self.timeout),
+        };
+        let link = match qp
+            .connect(path(mirror.qpn()))
+            .and_then(|()| mirror.connect(path(qp.qpn())))
+        {
+            Ok(()) => Link::Up,
+            Err(e) => Link::Failed(format!("its loopback connection could not be made: {e}")),
+        };
+        let now = Instant::now();
+        self.peers[self.me as usize] = Some(Box::new(Peer {
+            qp,
+            link,
+            psn,
+            remote: Some(mirror.qpn()),
+            ctl,
+            mtu: self.mtu,
+            posted: VecDeque::new(),
+            seq: 0,
+            heard: now,
+            pinged: None,
+            _mirror: Some(mirror),
+        }));
+        Ok(())
     }
 
     /// Sends a connection message to `rank`; a transport with no room now is retried by
@@ -918,6 +968,7 @@ impl Netmod for RcNetmod {
         let mut discard = |_: u32, _: &Envelope, _: &[u8]| {};
         // What is queued goes first, then a goodbye to every connected peer.
         let mut owed: Vec<u32> = (0..self.size)
+            .filter(|&r| r != self.me)
             .filter(|&r| {
                 self.peers[r as usize]
                     .as_deref()

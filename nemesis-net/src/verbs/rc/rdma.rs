@@ -21,7 +21,7 @@ impl RcNetmod {
         reg: &Registration,
         remote: Remote,
     ) -> Result<OpId, RdmaError> {
-        if peer >= self.size || peer == self.me {
+        if peer >= self.size {
             return Err(RdmaError::BadKey {
                 peer,
                 why: format!("rank {peer} is not a peer of this job of {}", self.size),
@@ -95,6 +95,10 @@ impl RcNetmod {
 }
 
 impl Rdma for RcNetmod {
+    fn has_atomics(&self) -> bool {
+        self.atomics
+    }
+
     fn register(&mut self, seg: Seg) -> Result<Registration, RdmaError> {
         // SAFETY: the trait's contract: the caller deregisters before freeing the bytes.
         let mr = unsafe { Mr::new(&self.pd, seg.ptr, seg.len) }.map_err(|e| RdmaError::Register {
