@@ -214,6 +214,25 @@ impl MemRdma {
         Ok(ptr + start as usize)
     }
 
+    /// The registered, aligned word an atomic names: every atomic of the job goes
+    /// through here, so they are atomic with one another as a card's are.
+    fn word(
+        &self,
+        remote: nemesis_net::rdma::Remote,
+        result: nemesis_net::rdma::Seg,
+    ) -> Result<&'static std::sync::atomic::AtomicU64, nemesis_net::rdma::RdmaError> {
+        let at = self.check(remote, 8)?;
+        if at % 8 != 0 || result.len != 8 {
+            return Err(nemesis_net::rdma::RdmaError::BadKey {
+                peer: 0,
+                why: "an atomic works on one aligned 8-byte word".into(),
+            });
+        }
+        // SAFETY: registered memory, aligned, alive while registered (the caller's
+        // contract), and in a window whose words only these atomics update.
+        Ok(unsafe { std::sync::atomic::AtomicU64::from_ptr(at as *mut u64) })
+    }
+
     fn post(&mut self) -> nemesis_net::rdma::OpId {
         let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) as u64;
         self.ops.insert(n, 2);
@@ -269,23 +288,41 @@ impl nemesis_net::Rdma for MemRdma {
     unsafe fn fetch_add(
         &mut self,
         _: u32,
-        _: nemesis_net::rdma::Seg,
+        result: nemesis_net::rdma::Seg,
         _: &nemesis_net::rdma::Registration,
-        _: nemesis_net::rdma::Remote,
-        _: u64,
+        remote: nemesis_net::rdma::Remote,
+        add: u64,
     ) -> Result<nemesis_net::rdma::OpId, nemesis_net::rdma::RdmaError> {
-        Err(nemesis_net::rdma::RdmaError::NoAtomics)
+        let word = self.word(remote, result)?;
+        let old = word.fetch_add(add, std::sync::atomic::Ordering::AcqRel);
+        // SAFETY: the caller's contract: `result` is 8 writable bytes until completion.
+        unsafe { result.ptr.cast::<u64>().write_unaligned(old) };
+        Ok(self.post())
     }
     unsafe fn compare_swap(
         &mut self,
         _: u32,
-        _: nemesis_net::rdma::Seg,
+        result: nemesis_net::rdma::Seg,
         _: &nemesis_net::rdma::Registration,
-        _: nemesis_net::rdma::Remote,
-        _: u64,
-        _: u64,
+        remote: nemesis_net::rdma::Remote,
+        compare: u64,
+        swap: u64,
     ) -> Result<nemesis_net::rdma::OpId, nemesis_net::rdma::RdmaError> {
-        Err(nemesis_net::rdma::RdmaError::NoAtomics)
+        let word = self.word(remote, result)?;
+        let old = match word.compare_exchange(
+            compare,
+            swap,
+            std::sync::atomic::Ordering::AcqRel,
+            std::sync::atomic::Ordering::Acquire,
+        ) {
+            Ok(v) | Err(v) => v,
+        };
+        // SAFETY: as in `fetch_add`.
+        unsafe { result.ptr.cast::<u64>().write_unaligned(old) };
+        Ok(self.post())
+    }
+    fn has_atomics(&self) -> bool {
+        true
     }
     fn test(&mut self, op: nemesis_net::rdma::OpId) -> Result<bool, nemesis_net::rdma::RdmaError> {
         let left = self

@@ -135,6 +135,7 @@ fn child_rma_suite() {
         );
         w.barrier(&comm).map_err(|e| e.to_string())?;
         win.free(&mut w).map_err(|e| e.to_string())?;
+        println!("rank {me}: card atomics {}", nemesis::rma::card_atomics(&w));
         println!("rdma check done");
         Ok(())
     });
@@ -161,6 +162,35 @@ fn one_sided_checks_over_each_verbs_netmod() {
         assert_eq!(by_rdma, want, "{netmod}: {}", text(&o));
         assert!(leftovers(&dir).is_empty());
     }
+}
+
+/// The one-sided checks over rc with every window's atomics and locks run by the card
+/// (`Executor::Nic`), each rank's own included through its loopback pair.
+#[test]
+fn one_sided_checks_with_the_card_as_executor() {
+    if !device() {
+        return;
+    }
+    let dir = shm_dir("verbs-rma-nic");
+    let o = over("rc", 3, &dir)
+        .env("NEM_TEST_CHILD", "1")
+        .env("RMA_EXECUTOR", "nic")
+        .args(child_args("rma_suite"))
+        .output()
+        .unwrap();
+    assert_ranks_said(&o, "rdma check done", 3, "rc");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let ran: Vec<u64> = out
+        .lines()
+        .filter_map(|l| l.split("card atomics ").nth(1))
+        .filter_map(|n| n.trim().parse().ok())
+        .collect();
+    assert!(
+        ran.len() == 3 && ran.iter().all(|&n| n > 100),
+        "{ran:?}: {}",
+        text(&o)
+    );
+    assert!(leftovers(&dir).is_empty());
 }
 
 #[test]

@@ -453,6 +453,8 @@ enum How {
     Ticket,
     /// Granted by the target's queue.
     Queue,
+    /// The target's counter word, taken by the card's atomics.
+    Nic,
     /// Not taken: the caller asserted no conflict.
     NoCheck,
 }
@@ -593,6 +595,8 @@ impl<'w, 'b, T: Pod, C: Channel> LockEpoch<'w, 'b, T, C> {
         }
         let how = if assert.contains(Assert::NOCHECK) {
             How::NoCheck
+        } else if win.nic.is_some() {
+            How::Nic
         } else if win.shm_sync {
             How::Ticket
         } else {
@@ -601,6 +605,17 @@ impl<'w, 'b, T: Pod, C: Channel> LockEpoch<'w, 'b, T, C> {
         let excl = kind == LockKind::Exclusive;
         match how {
             How::NoCheck => {}
+            How::Nic => {
+                for &t in targets {
+                    ops.nic_lock(t, excl)?;
+                    self.held.push(Held { target: t, kind, how });
+                    if let Reach::Some(m) = &mut ops.reach {
+                        m.insert(t);
+                    }
+                }
+                fence(Ordering::SeqCst);
+                return Ok(());
+            }
             How::Ticket => {
                 let f = win.file.as_ref().expect("shm_sync has the file");
                 let peers = win.world_ranks();
@@ -773,6 +788,14 @@ fn release<T: Pod, C: Channel>(mut ops: Ops<'_, '_, T, C>, held: Holds, hurry: b
     if !hurry && let Err(e) = ops.complete_local(None).and(ops.complete_rdma(None)) {
         first = Some(e);
     }
+    // A counter word has no queue whose grant orders what came before: what went by
+    // messages is completed before the word is given back.
+    if !hurry
+        && held.iter().any(|h| h.how == How::Nic)
+        && let Err(e) = ops.complete_remote(None)
+    {
+        first.get_or_insert(e);
+    }
     fence(Ordering::SeqCst);
     let win = ops.win;
     let mut reqs = Vec::new();
@@ -807,6 +830,11 @@ fn release<T: Pod, C: Channel>(mut ops: Ops<'_, '_, T, C>, held: Holds, hurry: b
                     s.origin.unflushed[h.target as usize] = false;
                 }
                 reqs.push(req);
+            }
+            How::Nic => {
+                if let Err(e) = ops.nic_unlock(h.target, excl) {
+                    first.get_or_insert(e);
+                }
             }
             How::NoCheck => {}
         }

@@ -56,6 +56,7 @@ mod blocks;
 mod elem;
 mod epoch;
 mod idmap;
+mod nic;
 mod ops;
 mod proto;
 mod target;
@@ -69,7 +70,7 @@ pub use epoch::{AccessEpoch, ExposureEpoch, FenceEpoch, LockEpoch};
 pub use ops::{Get, Put};
 #[doc(hidden)]
 pub use target::serve_bytes;
-pub use window::{AtomicElem, DEFAULT_RDMA_MIN, Flavor, RDMA_MIN_VAR, Region, Window};
+pub use window::{AtomicElem, DEFAULT_RDMA_MIN, Executor, Flavor, RDMA_MIN_VAR, Region, Window};
 
 use crate::p2p::P2pError;
 use wire::Refusal;
@@ -227,6 +228,16 @@ pub fn rdma_transfers<C: crate::Channel>(world: &crate::World<C>) -> u64 {
         .core()
         .protocol::<proto::Rma>(crate::ProtocolId::RMA)
         .map_or(0, proto::Rma::xfers_done)
+}
+
+/// Atomics the network card has run for this process's operations on windows made
+/// with [`Executor::Nic`] (each update, each try of a compare-and-swap loop, each step
+/// of a lock).
+pub fn card_atomics<C: crate::Channel>(world: &crate::World<C>) -> u64 {
+    world
+        .core()
+        .protocol::<proto::Rma>(crate::ProtocolId::RMA)
+        .map_or(0, |r| r.card_atomics)
 }
 
 impl From<crate::channel::ChannelError> for RmaError {

@@ -330,7 +330,8 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
     /// Applies `op` with `src` to member `target`'s elements at `disp`, element by
     /// element atomically: every update of a window's element, from any origin, is one
     /// CPU atomic operation (by the origin where it maps the memory, by the target
-    /// otherwise), so concurrent accumulates never lose one another.
+    /// otherwise), or on a window whose executor is the card one device atomic (or a
+    /// loop of compare-and-swaps), so concurrent accumulates never lose one another.
     ///
     /// # Errors
     /// As for [`Ops::put`], and [`RmaError::InvalidArgument`] for a bitwise operation on
@@ -345,6 +346,12 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
         let bytes: &[u8] = bytemuck::cast_slice(src);
         let size = size_of::<T>();
         let off = disp * size;
+        if self.win.nic.is_some() {
+            for (i, x) in bytes.chunks_exact(size).enumerate() {
+                self.nic_update(target, off + i * size, T::TYPE_CODE, op, x)?;
+            }
+            return Ok(());
+        }
         match p.route {
             Route::Own(a) | Route::Shm(a) => {
                 let mut old = [0u8; 8];
@@ -430,6 +437,16 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
         let out: &mut [u8] = bytemuck::cast_slice_mut(result);
         let size = size_of::<T>();
         let off = disp * size;
+        if self.win.nic.is_some() {
+            for (i, (x, o)) in bytes
+                .chunks_exact(size)
+                .zip(out.chunks_exact_mut(size))
+                .enumerate()
+            {
+                o.copy_from_slice(&self.nic_update(target, off + i * size, T::TYPE_CODE, op, x)?);
+            }
+            return Ok(());
+        }
         match p.route {
             Route::Own(a) | Route::Shm(a) => {
                 for (i, (x, o)) in bytes
@@ -471,6 +488,10 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
         defined::<T>(op)?;
         let size = size_of::<T>();
         let off = disp * size;
+        if self.win.nic.is_some() {
+            let old = self.nic_update(target, off, T::TYPE_CODE, op, bytemuck::bytes_of(&x))?;
+            return Ok(bytemuck::pod_read_unaligned(&old));
+        }
         match p.route {
             Route::Own(a) | Route::Shm(a) => {
                 let mut old = T::zeroed();
@@ -512,6 +533,15 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
         let p = self.check(target, disp, 1)?;
         let size = size_of::<T>();
         let off = disp * size;
+        if self.win.nic.is_some() {
+            let old = self.nic_compare_swap(
+                target,
+                off,
+                bytemuck::bytes_of(&compare),
+                bytemuck::bytes_of(&swap),
+            )?;
+            return Ok(bytemuck::pod_read_unaligned(&old));
+        }
         match p.route {
             Route::Own(a) | Route::Shm(a) => {
                 let mut old = T::zeroed();

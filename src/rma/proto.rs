@@ -268,6 +268,8 @@ pub(crate) struct Rma {
     strays: u64,
     /// RDMA transfers of windows since freed.
     xfers_retired: u64,
+    /// Atomics the card ran for this process's operations.
+    pub(crate) card_atomics: u64,
 }
 
 impl std::fmt::Debug for Rma {
@@ -289,6 +291,7 @@ impl Rma {
             rank,
             strays: 0,
             xfers_retired: 0,
+            card_atomics: 0,
         }
     }
 

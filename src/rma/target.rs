@@ -151,6 +151,9 @@ pub(crate) struct TargetWin {
     pub(crate) completes: u64,
     /// Large gets being answered, by origin.
     flows: IdMap<u32, Flow>,
+    /// The card runs this window's atomics and locks: requests for them by message are
+    /// refused, so the CPU here never updates a word the card does.
+    card: bool,
 }
 
 /// Why a request was refused: the reason, and the displacement and length it named.
@@ -175,7 +178,14 @@ impl TargetWin {
             refused: IdMap::default(),
             completes: 0,
             flows: IdMap::default(),
+            card: false,
         }
+    }
+
+    /// This window's atomics and locks are the card's.
+    pub(crate) fn with_card_atomics(mut self) -> Self {
+        self.card = true;
+        self
     }
 
     /// Drops the large gets being answered from memory at `addr`, `len` bytes, which is
@@ -357,6 +367,11 @@ impl TargetWin {
                     }
                 }
             }
+            Msg::Acc { head, .. } | Msg::Cas { head, .. } if self.card => {
+                self.applied += 1;
+                Err((Refusal::CardExecutes, head.disp, 0))
+            }
+            Msg::Lock { .. } | Msg::Unlock { .. } if self.card => Err((Refusal::CardExecutes, 0, 0)),
             Msg::Acc { head, data, fetch } => {
                 self.applied += 1;
                 match self.acc(head, data, fetch) {

@@ -2,6 +2,7 @@
 //! reached by the fastest route this process has to it.
 
 use super::RmaError;
+use super::nic::{self, NicWin};
 use super::proto::{Keep, Rma};
 use super::target::{Memory, TargetWin};
 use crate::channel::Channel;
@@ -28,6 +29,28 @@ pub enum Flavor {
 }
 
 impl Flavor {
+    fn code(self) -> u64 {
+        self as u64 + 1
+    }
+}
+
+/// Who runs a window's atomic updates (accumulates, get-accumulates, fetch-and-op and
+/// compare-and-swap): one executor per window, never two on the same word, since a
+/// CPU atomic and a network card's atomic on one word are not atomic with each other.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Executor {
+    /// The CPU: by the origin where it maps the member's memory, by the member's
+    /// progress core otherwise. Locks are the node's ticket locks or the target's queue.
+    #[default]
+    Cpu,
+    /// The network card's 8-byte atomics, for every member and its owner alike, so a
+    /// target takes no part in updates or locks (a counter word at each member). Needs
+    /// a network module whose RDMA has atomics reaching every member (`rc`) and 8-byte
+    /// elements; [`Window::local_atomics`] gives no view of such a window.
+    Nic,
+}
+
+impl Executor {
     fn code(self) -> u64 {
         self as u64 + 1
     }
@@ -103,6 +126,8 @@ pub struct Window<T: Pod> {
     worlds: Vec<u32>,
     /// This member's memory registered with the network module's RDMA, if it is.
     rdma_reg: Option<Registration>,
+    /// The device's view of every member, for a window whose atomics it runs.
+    pub(crate) nic: Option<NicWin>,
     _t: PhantomData<T>,
 }
 
@@ -206,15 +231,25 @@ fn agree<C: Channel>(
     what: &str,
     bytes: u64,
 ) -> Result<(), RmaError> {
+    agree_with(world, comm, mine, |r| RmaError::Memory {
+        bytes,
+        reason: format!("rank {r} could not {what}"),
+    })
+}
+
+/// As [`agree`], naming the lowest member that failed with `theirs`.
+fn agree_with<C: Channel>(
+    world: &mut World<C>,
+    comm: &Comm,
+    mine: Option<RmaError>,
+    theirs: impl FnOnce(u32) -> RmaError,
+) -> Result<(), RmaError> {
     let mut v = [if mine.is_some() { comm.rank() } else { u32::MAX }];
     world.allreduce(comm, &mut v, Op::Min)?;
     match (v[0], mine) {
         (u32::MAX, _) => Ok(()),
         (_, Some(e)) => Err(e),
-        (r, None) => Err(RmaError::Memory {
-            bytes,
-            reason: format!("rank {r} could not {what}"),
-        }),
+        (r, None) => Err(theirs(r)),
     }
 }
 
@@ -231,10 +266,27 @@ impl<T: Pod> Window<T> {
     where
         T: Send,
     {
+        Self::allocate_with(world, comm, len, Executor::Cpu)
+    }
+
+    /// As [`Window::allocate`], with its atomics run by `executor`.
+    ///
+    /// # Errors
+    /// As for [`Window::allocate`], and [`RmaError::InvalidArgument`] where `executor`
+    /// cannot run them (no RDMA atomics, elements not of 8 bytes).
+    pub fn allocate_with<C: Channel>(
+        world: &mut World<C>,
+        comm: &Comm,
+        len: usize,
+        executor: Executor,
+    ) -> Result<Self, RmaError>
+    where
+        T: Send,
+    {
         let bytes = len
             .checked_mul(size_of::<T>())
             .ok_or_else(|| RmaError::InvalidArgument(format!("a window of {len} elements overflows")))?;
-        Self::make(world, comm, Flavor::Allocate, bytes as u64, None)
+        Self::make(world, comm, Flavor::Allocate, bytes as u64, None, executor)
     }
 
     /// Makes a window over `mem`, which the window owns until [`Window::free`] gives it
@@ -247,8 +299,24 @@ impl<T: Pod> Window<T> {
     where
         T: Send,
     {
+        Self::create_with(world, comm, mem, Executor::Cpu)
+    }
+
+    /// As [`Window::create`], with its atomics run by `executor`.
+    ///
+    /// # Errors
+    /// As for [`Window::allocate_with`].
+    pub fn create_with<C: Channel>(
+        world: &mut World<C>,
+        comm: &Comm,
+        mem: Vec<T>,
+        executor: Executor,
+    ) -> Result<Self, RmaError>
+    where
+        T: Send,
+    {
         let bytes = (mem.len() * size_of::<T>()) as u64;
-        Self::make(world, comm, Flavor::Create, bytes, Some(mem))
+        Self::make(world, comm, Flavor::Create, bytes, Some(mem), executor)
     }
 
     /// Makes a window without memory: each member attaches and detaches its own later
@@ -261,7 +329,7 @@ impl<T: Pod> Window<T> {
     where
         T: Send,
     {
-        Self::make(world, comm, Flavor::Dynamic, 0, None)
+        Self::make(world, comm, Flavor::Dynamic, 0, None, Executor::Cpu)
     }
 
     fn make<C: Channel>(
@@ -270,6 +338,7 @@ impl<T: Pod> Window<T> {
         flavor: Flavor,
         bytes: u64,
         mem: Option<Vec<T>>,
+        executor: Executor,
     ) -> Result<Self, RmaError>
     where
         T: Send,
@@ -321,10 +390,11 @@ impl<T: Pod> Window<T> {
             pid,
             base,
             nonce,
+            executor.code(),
         ];
-        let mut all = vec![0u64; 8 * n];
+        let mut all = vec![0u64; 9 * n];
         world.allgather(comm, &rec, &mut all)?;
-        let field = |r: usize, i: usize| all[8 * r + i];
+        let field = |r: usize, i: usize| all[9 * r + i];
         for r in 0..n {
             if field(r, 1) != flavor.code() || field(r, 2) != size as u64 || field(r, 3) != u64::from(tag) {
                 return Err(RmaError::CollectiveMismatch(format!(
@@ -334,6 +404,36 @@ impl<T: Pod> Window<T> {
                     field(r, 2)
                 )));
             }
+            if field(r, 8) != executor.code() {
+                return Err(RmaError::CollectiveMismatch(format!(
+                    "rank {me} made a window whose atomics the {executor:?} runs, rank {r} one another runs"
+                )));
+            }
+        }
+        let nic_on = executor == Executor::Nic;
+        if nic_on {
+            let why = if flavor == Flavor::Dynamic {
+                Some("a dynamic window has no memory to register at its creation".to_string())
+            } else if size != 8 {
+                Some(format!(
+                    "the card's atomics work on 8-byte elements, not {size}-byte {}",
+                    std::any::type_name::<T>()
+                ))
+            } else if !world.core.ch.rdma().is_some_and(|r| r.has_atomics()) {
+                Some("the channel's network module has no RDMA atomics (the rc netmod on a device with them has)".into())
+            } else {
+                None
+            };
+            let mine = why.map(|w| {
+                RmaError::InvalidArgument(format!(
+                    "rank {me} cannot make a window whose atomics the card runs: {w}"
+                ))
+            });
+            agree_with(world, comm, mine, |r| {
+                RmaError::InvalidArgument(format!(
+                    "rank {r} cannot make a window whose atomics the card runs"
+                ))
+            })?;
         }
         // Memory.
         let my_index = node.iter().position(|&r| r == me);
@@ -389,26 +489,72 @@ impl<T: Pod> Window<T> {
             (Flavor::Create, _, _) => (base as usize, bytes as usize),
             _ => (0, 0),
         };
+        // Per member: its memory's address, length and key (plus one; zero for none),
+        // and its lock word's address and key, for a window whose atomics the card runs.
+        const K: usize = 5;
         let mut rdma_reg = None;
-        let mut keys = vec![0u64; 3 * n];
+        let mut words = None;
+        let mut keys = vec![0u64; K * n];
         if flavor != Flavor::Dynamic && world.core.ch.rdma().is_some() {
             let far = (0..n).any(|r| locality[field(r, 0) as usize] == Locality::Remote);
-            let mut mine = [0u64; 3];
-            if far && own.1 > 0 {
+            let mut mine = [0u64; K];
+            let mut err = None;
+            if (far || nic_on) && own.1 > 0 {
                 let seg = Seg {
                     ptr: own.0 as *mut u8,
                     len: own.1,
                 };
                 match world.core.ch.rdma().map(|r| r.register(seg)) {
                     Some(Ok(reg)) => {
-                        mine = [reg.remote.addr, reg.remote.len, u64::from(reg.remote.rkey) + 1];
+                        mine[..3].copy_from_slice(&[
+                            reg.remote.addr,
+                            reg.remote.len,
+                            u64::from(reg.remote.rkey) + 1,
+                        ]);
                         rdma_reg = Some(reg);
+                    }
+                    Some(Err(e)) if nic_on => {
+                        err = Some(RmaError::Memory {
+                            bytes: own.1 as u64,
+                            reason: format!("the device would not register it: {e}"),
+                        })
                     }
                     Some(Err(e)) => eprintln!(
                         "nemesis: rank {my_world}'s part of window {id} is reached by messages, not RDMA: {e}"
                     ),
                     None => {}
                 }
+            }
+            if nic_on && err.is_none() {
+                match nic::words(world) {
+                    Ok((w, reg)) => {
+                        mine[3] = reg.remote.addr;
+                        mine[4] = u64::from(reg.remote.rkey) + 1;
+                        words = Some((w, reg));
+                    }
+                    Err(why) => {
+                        err = Some(RmaError::Memory {
+                            bytes: 16,
+                            reason: format!("the device would not register its lock word: {why}"),
+                        })
+                    }
+                }
+            }
+            if nic_on
+                && let Err(e) = agree(
+                    world,
+                    comm,
+                    err,
+                    "register its memory with the device",
+                    own.1 as u64,
+                )
+            {
+                if let Some(r) = world.core.ch.rdma() {
+                    for reg in rdma_reg.iter().chain(words.iter().map(|(_, reg)| reg)) {
+                        r.deregister(reg);
+                    }
+                }
+                return Err(e);
             }
             world.allgather(comm, &mine, &mut keys)?;
         }
@@ -441,11 +587,11 @@ impl<T: Pod> Window<T> {
                     Flavor::Create => Route::Am,
                 };
                 let route = match route {
-                    Route::Am if keys[3 * r + 2] != 0 && locality[w as usize] == Locality::Remote => {
+                    Route::Am if keys[K * r + 2] != 0 && locality[w as usize] == Locality::Remote => {
                         Route::Rdma(Remote {
-                            addr: keys[3 * r],
-                            len: keys[3 * r + 1],
-                            rkey: (keys[3 * r + 2] - 1) as u32,
+                            addr: keys[K * r],
+                            len: keys[K * r + 1],
+                            rkey: (keys[K * r + 2] - 1) as u32,
                         })
                     }
                     other => other,
@@ -478,7 +624,35 @@ impl<T: Pod> Window<T> {
         if let Some(o) = &owned {
             keep.push(o.clone());
         }
-        rma(world).add(id, n, TargetWin::new(memory, tag, size), keep);
+        let nic = words.map(|(w, reg)| {
+            keep.push(w.clone());
+            let members = (0..n)
+                .map(|r| nic::Member {
+                    data: (keys[K * r + 2] != 0).then(|| Remote {
+                        addr: keys[K * r],
+                        len: keys[K * r + 1],
+                        rkey: (keys[K * r + 2] - 1) as u32,
+                    }),
+                    lock: Remote {
+                        addr: keys[K * r + 3],
+                        len: 8,
+                        rkey: keys[K * r + 4].saturating_sub(1) as u32,
+                    },
+                })
+                .collect();
+            NicWin {
+                members,
+                words: w,
+                reg,
+            }
+        });
+        let target = TargetWin::new(memory, tag, size);
+        let target = if nic.is_some() {
+            target.with_card_atomics()
+        } else {
+            target
+        };
+        rma(world).add(id, n, target, keep);
         // Nobody sends a request before every member has registered the window.
         if let Err(e) = world.barrier(comm) {
             rma(world).remove(id);
@@ -501,6 +675,7 @@ impl<T: Pod> Window<T> {
             cma_off: AtomicBool::new(false),
             checked_ms: AtomicU64::new(coarse_ms()),
             rdma_reg,
+            nic,
             _t: PhantomData,
         })
     }
@@ -525,8 +700,10 @@ impl<T: Pod> Window<T> {
                 rma(w).slot(id).is_none_or(|s| s.origin.xfers.is_empty())
             },
         )?;
-        if let (Some(reg), Some(r)) = (&self.rdma_reg, world.core.ch.rdma()) {
-            r.deregister(reg);
+        if let Some(r) = world.core.ch.rdma() {
+            for reg in self.rdma_reg.iter().chain(self.nic.iter().map(|n| &n.reg)) {
+                r.deregister(reg);
+            }
         }
         drop(rma(world).remove(self.id));
         let Some(owned) = self.owned else {
@@ -550,6 +727,15 @@ impl<T: Pod> Window<T> {
     /// Its flavour.
     pub fn flavor(&self) -> Flavor {
         self.flavor
+    }
+
+    /// Who runs its atomics.
+    pub fn executor(&self) -> Executor {
+        if self.nic.is_some() {
+            Executor::Nic
+        } else {
+            Executor::Cpu
+        }
     }
 
     /// Its communicator.
@@ -582,7 +768,7 @@ impl<T: Pod> Window<T> {
     where
         T: AtomicElem,
     {
-        if self.flavor == Flavor::Dynamic {
+        if self.flavor == Flavor::Dynamic || self.nic.is_some() {
             return None;
         }
         let (addr, bytes) = self.local;

@@ -103,6 +103,9 @@ pub enum Refusal {
     Malformed = 6,
     /// An unlock of a lock the origin does not hold.
     NotLocked = 7,
+    /// An update or a lock by message on a window whose atomics the card runs, where
+    /// the target's CPU must not touch a word the card updates.
+    CardExecutes = 8,
 }
 
 impl Refusal {
@@ -116,6 +119,7 @@ impl Refusal {
             5 => Self::BadOp,
             6 => Self::Malformed,
             7 => Self::NotLocked,
+            8 => Self::CardExecutes,
             _ => return None,
         })
     }
@@ -132,6 +136,9 @@ impl Refusal {
             Self::BadOp => "an operation not defined for the element type",
             Self::Malformed => "a malformed request",
             Self::NotLocked => "an unlock of a lock the origin does not hold",
+            Self::CardExecutes => {
+                "an update or lock by message on a window whose atomics the network card runs"
+            }
         }
     }
 }

@@ -2,7 +2,7 @@
 //! `test/mpi/rma` programs (written here anew): each returns what went wrong, and the
 //! same checks run over shared memory, over each netmod, and across hosts.
 
-use nemesis::rma::{AccOp, Assert, Flavor, LockKind, Strided, Window};
+use nemesis::rma::{AccOp, Assert, Executor, Flavor, LockKind, Strided, Window};
 use nemesis::{Op, World};
 
 type R = Result<(), String>;
@@ -25,12 +25,20 @@ fn read_back(w: &mut World, win: &Window<u64>, t: u32, at: usize, out: &mut [u64
     ep.unlock().map_err(e("unlock"))
 }
 
+/// Who runs the windows' atomics: the card with `RMA_EXECUTOR=nic`, else the CPU.
+pub fn executor() -> Executor {
+    match std::env::var("RMA_EXECUTOR").as_deref() {
+        Ok("nic") => Executor::Nic,
+        _ => Executor::Cpu,
+    }
+}
+
 /// A window of `len` u64 per rank in `flavor`, and each rank's base displacement.
 pub fn window(w: &mut World, flavor: Flavor, len: usize) -> Result<(Window<u64>, Vec<usize>), String> {
     let comm = w.comm();
     let win = match flavor {
-        Flavor::Allocate => Window::allocate(w, &comm, len),
-        Flavor::Create => Window::create(w, &comm, vec![0u64; len]),
+        Flavor::Allocate => Window::allocate_with(w, &comm, len, executor()),
+        Flavor::Create => Window::create_with(w, &comm, vec![0u64; len], executor()),
         Flavor::Dynamic => Window::dynamic(w, &comm),
     }
     .map_err(e("making a window"))?;
@@ -76,7 +84,7 @@ pub fn atomic_rmw(w: &mut World) -> R {
     const EACH: u64 = 100;
     let comm = w.comm();
     let n = u64::from(w.size());
-    let win = Window::<u64>::allocate(w, &comm, 3).map_err(e("allocate"))?;
+    let win = Window::<u64>::allocate_with(w, &comm, 3, executor()).map_err(e("allocate"))?;
     let (mut fop, mut wins) = (Vec::new(), 0u64);
     let mut olds = vec![[0u64; 2]; EACH as usize];
     {
@@ -473,11 +481,13 @@ pub fn child() -> R {
     suite(&mut w)
 }
 
-/// Every check for each flavour `RMA_FLAVORS` names (all three by default), on `w`.
+/// Every check for each flavour `RMA_FLAVORS` names (all three by default; a dynamic
+/// window's atomics are never the card's), on `w`.
 pub fn suite(w: &mut World) -> R {
     let all = [Flavor::Allocate, Flavor::Create, Flavor::Dynamic];
+    let all = &all[..if executor() == Executor::Nic { 2 } else { 3 }];
     let wanted = std::env::var("RMA_FLAVORS").ok();
-    for f in all.into_iter().filter(|f| {
+    for &f in all.iter().filter(|f| {
         wanted.as_deref().is_none_or(|v| {
             v.split(',')
                 .any(|s| format!("{f:?}").eq_ignore_ascii_case(s.trim()))
