@@ -46,9 +46,11 @@ impl Word for Card<'_> {
 
 fn write(s: &Shared) {
     let mut w = Card(&s.word);
-    counter::announce(&mut w).unwrap();
-    while !counter::try_exclusive(&mut w).unwrap() {
-        thread::yield_now();
+    if !counter::try_exclusive_at_once(&mut w).unwrap() {
+        counter::announce(&mut w).unwrap();
+        while !counter::try_exclusive(&mut w).unwrap() {
+            thread::yield_now();
+        }
     }
     // SAFETY: the lock is held exclusively.
     s.data.with_mut(|p| unsafe { *p += 1 });

@@ -265,6 +265,9 @@ impl<T: Pod, C: Channel> Ops<'_, '_, T, C> {
     pub(super) fn nic_lock(&mut self, target: u32, exclusive: bool) -> Result<(), RmaError> {
         let mut w = LockWord { ops: self, target };
         if exclusive {
+            if counter::try_exclusive_at_once(&mut w)? {
+                return Ok(());
+            }
             counter::announce(&mut w)?;
             loop {
                 match counter::try_exclusive(&mut w) {

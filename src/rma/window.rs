@@ -37,7 +37,7 @@ impl Flavor {
 /// Who runs a window's atomic updates (accumulates, get-accumulates, fetch-and-op and
 /// compare-and-swap): one executor per window, never two on the same word, since a
 /// CPU atomic and a network card's atomic on one word are not atomic with each other.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Executor {
     /// The CPU: by the origin where it maps the member's memory, by the member's
     /// progress core otherwise. Locks are the node's ticket locks or the target's queue.

@@ -248,6 +248,7 @@ fn bad_arguments_are_refused() {
         &["rma", "--ops", "teleport"],
         &["rma", "--sync", "sometimes"],
         &["rma", "--ops", "get_serial"],
+        &["rma", "--executor", "gpu"],
         &["nonsense"],
     ] {
         let o = Command::new(BENCH).args(args).output().unwrap();
@@ -260,6 +261,23 @@ fn bad_arguments_are_refused() {
         .unwrap();
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("largest packet"));
+    // The card as executor where the netmod has no RDMA atomics: said, not a panic.
+    let o = Command::new(BENCH)
+        .args([
+            "rma",
+            "--ops",
+            "fop",
+            "--executor",
+            "nic",
+            "--iters",
+            "10",
+            "--rounds",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no RDMA atomics"));
     // Without the verbs feature (as these tests build it), the verbs netmods are named
     // as such, not as unknown.
     let o = Command::new(BENCH)

@@ -8,8 +8,9 @@
 //!
 //! - a reader adds one and is in if no writer held or waited; otherwise it takes its
 //!   one back and tries again later, so waiting writers are not starved by readers;
-//! - a writer announces itself once, then, while no reader is in and nobody holds the
-//!   word, swaps its announcement for the holder bit;
+//! - a writer takes a free word with one compare-and-swap; otherwise it announces
+//!   itself once, then, while no reader is in and nobody holds the word, swaps its
+//!   announcement for the holder bit;
 //! - releasing is one subtraction.
 //!
 //! Unlike the ticket lock of shared memory, writers among themselves are not served in
@@ -55,6 +56,15 @@ pub fn try_shared<V: Variant, W: Word>(w: &mut W) -> Result<bool, W::Error> {
         return Ok(false);
     }
     Ok(true)
+}
+
+/// A writer's first try, before it announces itself: the word is taken only if nobody
+/// holds it or waits for it, so an uncontended exclusive lock is one atomic.
+///
+/// # Errors
+/// The word's.
+pub fn try_exclusive_at_once<W: Word>(w: &mut W) -> Result<bool, W::Error> {
+    Ok(w.compare_swap(0, HELD)? == 0)
 }
 
 /// Says a writer waits: readers stay out from now on. Then [`try_exclusive`] until it
@@ -161,5 +171,21 @@ mod tests {
         let mut w = Plain(0);
         assert!(!try_exclusive(&mut w).unwrap());
         assert!(is_free(w.0));
+    }
+
+    #[test]
+    fn a_free_word_is_taken_at_once_and_only_a_free_one() {
+        let mut w = Plain(0);
+        assert!(try_exclusive_at_once(&mut w).unwrap());
+        assert!(!try_exclusive_at_once(&mut w).unwrap());
+        release_exclusive(&mut w).unwrap();
+        assert!(try_shared::<Sound, _>(&mut w).unwrap());
+        assert!(!try_exclusive_at_once(&mut w).unwrap(), "a reader is in");
+        release_shared(&mut w).unwrap();
+        announce(&mut w).unwrap();
+        assert!(
+            !try_exclusive_at_once(&mut w).unwrap(),
+            "a writer waits before us"
+        );
     }
 }

@@ -4,7 +4,7 @@
 
 use super::{MeasureError, OP_RMA, Pair, Result};
 use nemesis::channel::NemesisChannel;
-use nemesis::rma::{AccOp, Assert, LockKind, Window};
+use nemesis::rma::{AccOp, Assert, Executor, LockKind, Window};
 use nemesis::{P2pError, World};
 
 /// What is timed.
@@ -126,13 +126,18 @@ impl Pair {
     /// partner's window, completed as `sync` says; pushes the ticks of each of the last
     /// `iters` onto `t` (for [`RmaOp::GetBw`], of each window of [`GET_WINDOW`] gets).
     ///
+    /// The window's atomics and locks are run by `executor`.
+    ///
     /// # Errors
     /// [`MeasureError::Other`] for a combination that does not exist (a fence after a
-    /// lock, or after an operation that completes by itself), and the layers' errors.
+    /// lock, or after an operation that completes by itself; the card as executor where
+    /// the netmod has no RDMA atomics), and the layers' errors.
+    #[allow(clippy::too_many_arguments)]
     pub fn rma(
         &mut self,
         op: RmaOp,
         sync: RmaSync,
+        executor: Executor,
         size: usize,
         iters: u64,
         warmup: u64,
@@ -144,7 +149,8 @@ impl Pair {
                 op.name()
             )));
         }
-        let code = op.code() | u64::from(sync == RmaSync::Fence) << 8;
+        let code =
+            op.code() | u64::from(sync == RmaSync::Fence) << 8 | u64::from(executor == Executor::Nic) << 9;
         self.command(OP_RMA, [warmup + iters, size as u64, code])?;
         let clock = self.clock;
         let mut w = World::new(&mut self.ch).map_err(other)?;
@@ -152,7 +158,16 @@ impl Pair {
         // the settling after the command.
         let c = w.comm();
         w.send(&c, 1, GO_TAG, &[]).map_err(other)?;
-        run(&mut w, op, sync, size, warmup + iters, warmup, Some((clock, t)))
+        run(
+            &mut w,
+            op,
+            sync,
+            executor,
+            size,
+            warmup + iters,
+            warmup,
+            Some((clock, t)),
+        )
     }
 }
 
@@ -167,18 +182,25 @@ pub(super) fn serve(ch: &mut NemesisChannel, count: u64, size: u64, code: u64) -
     } else {
         RmaSync::Flush
     };
+    let executor = if code >> 9 & 1 == 1 {
+        Executor::Nic
+    } else {
+        Executor::Cpu
+    };
     let mut w = World::new(ch).map_err(other)?;
     let c = w.comm();
     w.recv(&c, 0, GO_TAG, &mut []).map_err(other)?;
-    run(&mut w, op, sync, size as usize, count, 0, None)
+    run(&mut w, op, sync, executor, size as usize, count, 0, None)
 }
 
 /// Both sides: make the window, and time from rank 0 (`timing` is its clock and
 /// samples) while rank 1 waits; `count` operations, the first `warmup` untimed.
+#[allow(clippy::too_many_arguments)]
 fn run(
     w: &mut World<&mut NemesisChannel>,
     op: RmaOp,
     sync: RmaSync,
+    executor: Executor,
     size: usize,
     count: u64,
     warmup: u64,
@@ -187,7 +209,7 @@ fn run(
     let comm = w.comm();
     let origin = w.rank() == 0;
     let len = size.div_ceil(8).max(1);
-    let win = Window::<u64>::allocate(w, &comm, len).map_err(other)?;
+    let win = Window::<u64>::allocate_with(w, &comm, len, executor).map_err(other)?;
     let src = vec![1u64; len];
     let mut dst = vec![0u64; len];
     let clock = timing.as_ref().map(|(c, _)| *c);

@@ -4,6 +4,7 @@
 use super::{Json, median, pairs, pinning, placement, progress, progress_done, size, tend_others, transport};
 use anyhow::{Context, Result};
 use clap::Args;
+use nemesis::rma::Executor;
 use nemesis_tools::measure::{
     self, CRUNCH_PASSES, GET_WINDOW, Layer, OVERLAP_PART, RmaOp, RmaSync, Summary, Transport, crunch,
 };
@@ -45,6 +46,26 @@ pub(crate) struct RmaArgs {
     /// off).
     #[arg(long, value_delimiter = ',', value_parser = transport, default_value = "shm")]
     transport: Vec<Transport>,
+    /// Who runs the atomics and locks of acc, fop, cas and lock, each timed for every
+    /// one named: cpu (the origin's CPU atomics on mapped memory, else the target's
+    /// progress core), nic (the card's atomics; needs --transport rc).
+    #[arg(long, value_delimiter = ',', value_parser = executor, default_value = "cpu")]
+    executor: Vec<Executor>,
+}
+
+fn executor(s: &str) -> Result<Executor, String> {
+    match s.trim() {
+        "cpu" => Ok(Executor::Cpu),
+        "nic" => Ok(Executor::Nic),
+        _ => Err(format!("{s:?} is not cpu or nic")),
+    }
+}
+
+fn executor_name(e: Executor) -> &'static str {
+    match e {
+        Executor::Nic => "nic",
+        _ => "cpu",
+    }
 }
 
 fn op(s: &str) -> Result<RmaOp, String> {
@@ -70,6 +91,7 @@ struct Test {
     op: RmaOp,
     sync: RmaSync,
     size: usize,
+    executor: Executor,
 }
 
 /// Gets of `size` bytes in a round of get_bw: about 256 MiB, at most `iters` windows.
@@ -79,29 +101,55 @@ fn bw_windows(size: usize, iters: u64) -> u64 {
 
 pub(crate) fn rma(a: &RmaArgs, json: bool) -> Result<()> {
     let mut tests = Vec::new();
+    let cpu = Executor::Cpu;
     for &op in &a.ops {
+        for &executor in &a.executor {
+            match op {
+                RmaOp::Acc => {
+                    for &sync in &a.sync {
+                        for &size in &a.sizes {
+                            tests.push(Test {
+                                op,
+                                sync,
+                                size,
+                                executor,
+                            });
+                        }
+                    }
+                }
+                RmaOp::Fop | RmaOp::Cas => tests.push(Test {
+                    op,
+                    sync: RmaSync::Flush,
+                    size: 8,
+                    executor,
+                }),
+                RmaOp::Lock => tests.push(Test {
+                    op,
+                    sync: RmaSync::Flush,
+                    size: 0,
+                    executor,
+                }),
+                _ => {}
+            }
+        }
         match op {
-            RmaOp::Put | RmaOp::Get | RmaOp::Acc => {
+            RmaOp::Put | RmaOp::Get => {
                 for &sync in &a.sync {
                     for &size in &a.sizes {
-                        tests.push(Test { op, sync, size });
+                        tests.push(Test {
+                            op,
+                            sync,
+                            size,
+                            executor: cpu,
+                        });
                     }
                 }
             }
-            RmaOp::Fop | RmaOp::Cas => tests.push(Test {
-                op,
-                sync: RmaSync::Flush,
-                size: 8,
-            }),
-            RmaOp::Lock => tests.push(Test {
-                op,
-                sync: RmaSync::Flush,
-                size: 0,
-            }),
             RmaOp::GetBw => tests.push(Test {
                 op,
                 sync: RmaSync::Flush,
                 size: a.bw_size,
+                executor: cpu,
             }),
             RmaOp::GetPipelined | RmaOp::GetSerial => {
                 for op in [RmaOp::GetSerial, RmaOp::GetPipelined] {
@@ -109,9 +157,11 @@ pub(crate) fn rma(a: &RmaArgs, json: bool) -> Result<()> {
                         op,
                         sync: RmaSync::Flush,
                         size: a.bw_size,
+                        executor: cpu,
                     });
                 }
             }
+            _ => {}
         }
     }
     let mut pairs = pairs(&a.transport, !a.no_pin)?;
@@ -157,8 +207,23 @@ pub(crate) fn rma(a: &RmaArgs, json: bool) -> Result<()> {
                     (a.iters, a.warmup)
                 };
                 let mut v = Vec::new();
-                pair.rma(test.op, test.sync, test.size, iters, warmup, &mut v)
-                    .with_context(|| format!("{} {} over {t}", test.op.name(), test.sync.name()))?;
+                pair.rma(
+                    test.op,
+                    test.sync,
+                    test.executor,
+                    test.size,
+                    iters,
+                    warmup,
+                    &mut v,
+                )
+                .with_context(|| {
+                    format!(
+                        "{} {} ({} executor) over {t}",
+                        test.op.name(),
+                        test.sync.name(),
+                        executor_name(test.executor)
+                    )
+                })?;
                 let s = Summary::of(&mut ns(v, false)).context("no samples")?;
                 timed[k].entry(test).or_default().push(s);
             }
@@ -277,10 +342,15 @@ pub(crate) fn rma(a: &RmaArgs, json: bool) -> Result<()> {
             } else {
                 test.sync.name()
             };
+            let name = match test.executor {
+                Executor::Nic => format!("{}@nic", test.op.name()),
+                _ => test.op.name().to_string(),
+            };
             if json {
                 Json::new("rma")
                     .s("op", test.op.name())
                     .s("sync", sync)
+                    .s("executor", executor_name(test.executor))
                     .s("transport", transport)
                     .u("size", test.size as u64)
                     .f("p50_ns", p50)
@@ -296,7 +366,7 @@ pub(crate) fn rma(a: &RmaArgs, json: bool) -> Result<()> {
             } else {
                 println!(
                     "{:>8} {:>5} {:>8} {:>9} {:>9.1} {:>9.1} {:>7.2} {:>9.1} {:>7.2}  {}",
-                    test.op.name(),
+                    name,
                     sync,
                     test.size,
                     transport,
