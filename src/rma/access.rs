@@ -411,6 +411,10 @@ impl<'w, 'b, T: Pod, C: Channel> Ops<'w, 'b, T, C> {
     /// Completes the RDMA transfers to `target` (or to every member), and reports a
     /// put that failed.
     pub(crate) fn complete_rdma(&mut self, target: Option<u32>) -> Result<(), RmaError> {
+        if !self.win.by_rdma {
+            // No member is reached by RDMA: nothing to look up (a flush's fast path).
+            return Ok(());
+        }
         let id = self.win.id;
         let tw = target.map(|t| self.win.peers[t as usize].world);
         let mine = |s: &super::proto::Slot| s.origin.xfers.iter().any(|x| tw.is_none_or(|w| x.target == w));

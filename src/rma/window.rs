@@ -128,6 +128,8 @@ pub struct Window<T: Pod> {
     rdma_reg: Option<Registration>,
     /// The device's view of every member, for a window whose atomics it runs.
     pub(crate) nic: Option<NicWin>,
+    /// Some member is reached by RDMA: transfers may be under way.
+    pub(crate) by_rdma: bool,
     _t: PhantomData<T>,
 }
 
@@ -604,6 +606,7 @@ impl<T: Pod> Window<T> {
                 }
             })
             .collect();
+        let by_rdma = peers.iter().any(|p| matches!(p.route, Route::Rdma(_)));
         let local = match peers[me as usize].route {
             Route::Own(a) => (a, bytes as usize),
             _ => (0, 0),
@@ -676,6 +679,7 @@ impl<T: Pod> Window<T> {
             checked_ms: AtomicU64::new(coarse_ms()),
             rdma_reg,
             nic,
+            by_rdma,
             _t: PhantomData,
         })
     }
