@@ -1,5 +1,5 @@
 //! Reduction operations and the element types they apply to: shared by the two-sided
-//! collectives and, later, by one-sided accumulates.
+//! collectives and the one-sided accumulates (`rma::AccOp` adds replace and no-op).
 
 use bytemuck::Pod;
 

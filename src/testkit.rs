@@ -214,13 +214,18 @@ impl MemRdma {
         Ok(ptr + start as usize)
     }
 
-    /// The registered, aligned word an atomic names: every atomic of the job goes
-    /// through here, so they are atomic with one another as a card's are.
-    fn word(
-        &self,
+    /// Runs `f` on the registered, aligned word an atomic names and puts what it held
+    /// into `result`: every atomic of the job goes through here, so they are atomic with
+    /// one another as a card's are.
+    ///
+    /// # Safety
+    /// `result` is 8 writable bytes until the operation completes (the trait's contract).
+    unsafe fn atomic(
+        &mut self,
         remote: nemesis_net::rdma::Remote,
         result: nemesis_net::rdma::Seg,
-    ) -> Result<&'static std::sync::atomic::AtomicU64, nemesis_net::rdma::RdmaError> {
+        f: impl FnOnce(&std::sync::atomic::AtomicU64) -> u64,
+    ) -> Result<nemesis_net::rdma::OpId, nemesis_net::rdma::RdmaError> {
         let at = self.check(remote, 8)?;
         if at % 8 != 0 || result.len != 8 {
             return Err(nemesis_net::rdma::RdmaError::BadKey {
@@ -230,7 +235,10 @@ impl MemRdma {
         }
         // SAFETY: registered memory, aligned, alive while registered (the caller's
         // contract), and in a window whose words only these atomics update.
-        Ok(unsafe { std::sync::atomic::AtomicU64::from_ptr(at as *mut u64) })
+        let old = f(unsafe { std::sync::atomic::AtomicU64::from_ptr(at as *mut u64) });
+        // SAFETY: the caller's contract: `result` is 8 writable bytes.
+        unsafe { result.ptr.cast::<u64>().write_unaligned(old) };
+        Ok(self.post())
     }
 
     fn post(&mut self) -> nemesis_net::rdma::OpId {
@@ -293,11 +301,12 @@ impl nemesis_net::Rdma for MemRdma {
         remote: nemesis_net::rdma::Remote,
         add: u64,
     ) -> Result<nemesis_net::rdma::OpId, nemesis_net::rdma::RdmaError> {
-        let word = self.word(remote, result)?;
-        let old = word.fetch_add(add, std::sync::atomic::Ordering::AcqRel);
-        // SAFETY: the caller's contract: `result` is 8 writable bytes until completion.
-        unsafe { result.ptr.cast::<u64>().write_unaligned(old) };
-        Ok(self.post())
+        // SAFETY: the trait's contract on `result`.
+        unsafe {
+            self.atomic(remote, result, |w| {
+                w.fetch_add(add, std::sync::atomic::Ordering::AcqRel)
+            })
+        }
     }
     unsafe fn compare_swap(
         &mut self,
@@ -308,18 +317,15 @@ impl nemesis_net::Rdma for MemRdma {
         compare: u64,
         swap: u64,
     ) -> Result<nemesis_net::rdma::OpId, nemesis_net::rdma::RdmaError> {
-        let word = self.word(remote, result)?;
-        let old = match word.compare_exchange(
-            compare,
-            swap,
-            std::sync::atomic::Ordering::AcqRel,
-            std::sync::atomic::Ordering::Acquire,
-        ) {
-            Ok(v) | Err(v) => v,
-        };
+        use std::sync::atomic::Ordering::{AcqRel, Acquire};
         // SAFETY: as in `fetch_add`.
-        unsafe { result.ptr.cast::<u64>().write_unaligned(old) };
-        Ok(self.post())
+        unsafe {
+            self.atomic(remote, result, |w| {
+                match w.compare_exchange(compare, swap, AcqRel, Acquire) {
+                    Ok(v) | Err(v) => v,
+                }
+            })
+        }
     }
     fn has_atomics(&self) -> bool {
         true

@@ -785,16 +785,15 @@ impl<'w, 'b, T: Pod, C: Channel> LockEpoch<'w, 'b, T, C> {
 /// unwinding) waits for nothing.
 fn release<T: Pod, C: Channel>(mut ops: Ops<'_, '_, T, C>, held: Holds, hurry: bool) -> Result<(), RmaError> {
     let mut first = None;
-    if !hurry && let Err(e) = ops.complete_local(None).and(ops.complete_rdma(None)) {
-        first = Some(e);
-    }
-    // A counter word has no queue whose grant orders what came before: what went by
-    // messages is completed before the word is given back.
-    if !hurry
-        && held.iter().any(|h| h.how == How::Nic)
-        && let Err(e) = ops.complete_remote(None)
-    {
-        first.get_or_insert(e);
+    if !hurry {
+        // A counter word has no queue whose grant orders what came before: what went by
+        // messages is completed at the target before the word is given back.
+        let done = if held.iter().any(|h| h.how == How::Nic) {
+            ops.complete_remote(None)
+        } else {
+            ops.complete_local(None).and(ops.complete_rdma(None))
+        };
+        first = done.err();
     }
     fence(Ordering::SeqCst);
     let win = ops.win;

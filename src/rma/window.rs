@@ -412,11 +412,11 @@ impl<T: Pod> Window<T> {
                 )));
             }
         }
+        // Only `allocate_with` and `create_with` take an executor: a dynamic window's
+        // memory comes later, and is never registered.
         let nic_on = executor == Executor::Nic;
         if nic_on {
-            let why = if flavor == Flavor::Dynamic {
-                Some("a dynamic window has no memory to register at its creation".to_string())
-            } else if size != 8 {
+            let why = if size != 8 {
                 Some(format!(
                     "the card's atomics work on 8-byte elements, not {size}-byte {}",
                     std::any::type_name::<T>()

@@ -254,60 +254,55 @@ fn bad_arguments_are_refused() {
         let o = Command::new(BENCH).args(args).output().unwrap();
         assert_eq!(o.status.code(), Some(2), "{args:?}");
     }
-    // A size the channel cannot carry in one packet is an error, not a panic.
-    let o = Command::new(BENCH)
-        .args(["latency", "--sizes", "1M", "--iters", "10", "--rounds", "1"])
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("largest packet"));
-    // The card as executor where the netmod has no RDMA atomics: said, not a panic.
-    let o = Command::new(BENCH)
-        .args([
-            "rma",
-            "--ops",
-            "fop",
-            "--executor",
-            "nic",
-            "--iters",
-            "10",
-            "--rounds",
-            "1",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("no RDMA atomics"));
-    // Without the verbs feature (as these tests build it), the verbs netmods are named
-    // as such, not as unknown.
-    let o = Command::new(BENCH)
-        .args(["memory", "--procs", "2", "--udp-peers", "2", "--rc-peers", "2"])
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(1));
-    assert!(
-        String::from_utf8_lossy(&o.stderr).contains("`verbs` feature"),
-        "{o:?}"
-    );
-    let o = Command::new(BENCH)
-        .args([
-            "latency",
-            "--transport",
-            "ud",
-            "--sizes",
-            "8",
-            "--iters",
-            "10",
-            "--rounds",
-            "1",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(1));
-    assert!(
-        String::from_utf8_lossy(&o.stderr).contains("`verbs` feature"),
-        "{o:?}"
-    );
+    // Runs that cannot be made are errors that say why, not panics: a size the channel
+    // cannot carry in one packet; the card as executor where the netmod has no RDMA
+    // atomics; without the verbs feature (as these tests build it), the verbs netmods
+    // named as such, not as unknown.
+    for (args, want) in [
+        (
+            &["latency", "--sizes", "1M", "--iters", "10", "--rounds", "1"][..],
+            "largest packet",
+        ),
+        (
+            &[
+                "rma",
+                "--ops",
+                "fop",
+                "--executor",
+                "nic",
+                "--iters",
+                "10",
+                "--rounds",
+                "1",
+            ],
+            "no RDMA atomics",
+        ),
+        (
+            &["memory", "--procs", "2", "--udp-peers", "2", "--rc-peers", "2"],
+            "`verbs` feature",
+        ),
+        (
+            &[
+                "latency",
+                "--transport",
+                "ud",
+                "--sizes",
+                "8",
+                "--iters",
+                "10",
+                "--rounds",
+                "1",
+            ],
+            "`verbs` feature",
+        ),
+    ] {
+        let o = Command::new(BENCH).args(args).output().unwrap();
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {o:?}");
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains(want),
+            "{args:?}: {o:?}"
+        );
+    }
 }
 
 #[test]

@@ -101,67 +101,39 @@ fn bw_windows(size: usize, iters: u64) -> u64 {
 
 pub(crate) fn rma(a: &RmaArgs, json: bool) -> Result<()> {
     let mut tests = Vec::new();
-    let cpu = Executor::Cpu;
     for &op in &a.ops {
-        for &executor in &a.executor {
+        // Only updates and locks have an executor to choose.
+        let executors: &[Executor] = if matches!(op, RmaOp::Acc | RmaOp::Fop | RmaOp::Cas | RmaOp::Lock) {
+            &a.executor
+        } else {
+            &[Executor::Cpu]
+        };
+        for &executor in executors {
+            let mut push = |op, sync, size| {
+                tests.push(Test {
+                    op,
+                    sync,
+                    size,
+                    executor,
+                })
+            };
             match op {
-                RmaOp::Acc => {
+                RmaOp::Put | RmaOp::Get | RmaOp::Acc => {
                     for &sync in &a.sync {
                         for &size in &a.sizes {
-                            tests.push(Test {
-                                op,
-                                sync,
-                                size,
-                                executor,
-                            });
+                            push(op, sync, size);
                         }
                     }
                 }
-                RmaOp::Fop | RmaOp::Cas => tests.push(Test {
-                    op,
-                    sync: RmaSync::Flush,
-                    size: 8,
-                    executor,
-                }),
-                RmaOp::Lock => tests.push(Test {
-                    op,
-                    sync: RmaSync::Flush,
-                    size: 0,
-                    executor,
-                }),
-                _ => {}
-            }
-        }
-        match op {
-            RmaOp::Put | RmaOp::Get => {
-                for &sync in &a.sync {
-                    for &size in &a.sizes {
-                        tests.push(Test {
-                            op,
-                            sync,
-                            size,
-                            executor: cpu,
-                        });
+                RmaOp::Fop | RmaOp::Cas => push(op, RmaSync::Flush, 8),
+                RmaOp::Lock => push(op, RmaSync::Flush, 0),
+                RmaOp::GetBw => push(op, RmaSync::Flush, a.bw_size),
+                RmaOp::GetPipelined | RmaOp::GetSerial => {
+                    for op in [RmaOp::GetSerial, RmaOp::GetPipelined] {
+                        push(op, RmaSync::Flush, a.bw_size);
                     }
                 }
             }
-            RmaOp::GetBw => tests.push(Test {
-                op,
-                sync: RmaSync::Flush,
-                size: a.bw_size,
-                executor: cpu,
-            }),
-            RmaOp::GetPipelined | RmaOp::GetSerial => {
-                for op in [RmaOp::GetSerial, RmaOp::GetPipelined] {
-                    tests.push(Test {
-                        op,
-                        sync: RmaSync::Flush,
-                        size: a.bw_size,
-                        executor: cpu,
-                    });
-                }
-            }
-            _ => {}
         }
     }
     let mut pairs = pairs(&a.transport, !a.no_pin)?;
