@@ -74,6 +74,7 @@ pub use channel::{
 };
 pub use nemesis_lmt as lmt;
 pub use nemesis_net as net;
+pub use nemesis_net::pinned::Pinned;
 pub use nemesis_shm as shm;
 pub use op::{Op, Reducible};
 pub use p2p::{ANY_SOURCE, ANY_TAG, Comm, OwnedBuf, OwnedRequest, P2pError, RequestSet, Status, World, init};

@@ -109,6 +109,41 @@ pub(crate) fn job_nodes_with<T: Send + 'static>(
     rdma: bool,
     f: impl Fn(World) -> T + Send + Sync + 'static,
 ) -> Vec<T> {
+    job_nodes_full(nodes, rdma.then(Default::default), None, f)
+}
+
+/// Two ranks on two nodes whose netmod offers RDMA, every large message between them
+/// moved by strategy `force` (rdma, or chunks); returns what each rank returned and
+/// what the job's RDMA did.
+pub(crate) fn job_between_nodes<T: Send + 'static>(
+    force: Strategy,
+    f: impl Fn(World) -> T + Send + Sync + 'static,
+) -> (Vec<T>, Arc<RdmaCounters>) {
+    let c = Arc::new(RdmaCounters::default());
+    (job_nodes_full(&[1, 1], Some(c.clone()), Some(force), f), c)
+}
+
+/// What the in-memory RDMA of a job did, and what it refuses.
+#[derive(Debug, Default)]
+pub(crate) struct RdmaCounters {
+    /// Bytes moved by reads.
+    pub(crate) read: std::sync::atomic::AtomicU64,
+    /// Registrations refused when set, as past a memory-lock limit.
+    pub(crate) refuse: std::sync::atomic::AtomicBool,
+    /// Registrations made.
+    pub(crate) registered: std::sync::atomic::AtomicU64,
+    /// Registrations made and not yet ended.
+    pub(crate) live: std::sync::atomic::AtomicI64,
+}
+
+/// As [`job_nodes_with`], the netmod offering RDMA when `rdma` is given (which counts
+/// what it does), with every large message moved by strategy `force` where it can be.
+pub(crate) fn job_nodes_full<T: Send + 'static>(
+    nodes: &[u32],
+    rdma: Option<Arc<RdmaCounters>>,
+    force: Option<Strategy>,
+    f: impl Fn(World) -> T + Send + Sync + 'static,
+) -> Vec<T> {
     let regs = Arc::new(Mutex::new(std::collections::HashMap::new()));
     let next = Arc::new(std::sync::atomic::AtomicU32::new(1));
     let n: u32 = nodes.iter().sum();
@@ -124,10 +159,11 @@ pub(crate) fn job_nodes_with<T: Send + 'static>(
         let ranks: Vec<u32> = (first..first + size).collect();
         for (i, &r) in ranks.iter().enumerate() {
             let (seg, ranks, f, wire) = (seg.clone(), ranks.clone(), f.clone(), wire.clone());
-            let mem_rdma = rdma.then(|| MemRdma {
+            let mem_rdma = rdma.clone().map(|counters| MemRdma {
                 regs: regs.clone(),
                 next: next.clone(),
                 ops: Default::default(),
+                counters,
             });
             handles.push(std::thread::spawn(move || {
                 let policy = WaitPolicy {
@@ -135,14 +171,27 @@ pub(crate) fn job_nodes_with<T: Send + 'static>(
                     yields: 50,
                     slice: Duration::from_millis(20),
                 };
-                let shm = ShmChannel::from_segment(seg, r, n, &ranks, i as u32, policy).unwrap();
+                let mut shm = ShmChannel::from_segment(seg, r, n, &ranks, i as u32, policy).unwrap();
+                if force.is_some() {
+                    let lmt = shm.local_lmt();
+                    lmt.set_policy(nemesis_lmt::Policy {
+                        force,
+                        ..lmt.policy()
+                    })
+                    .unwrap();
+                }
                 let net: Box<dyn Netmod> = Box::new(MemNet {
                     me: r,
                     wire,
                     rdma: mem_rdma,
                 });
                 let ch = NemesisChannel::with_netmod(shm, Some(net));
-                let cfg = Config::from_lookup(ch.max_payload(), |_| None).unwrap();
+                let mut cfg = Config::from_lookup(ch.max_payload(), |_| None).unwrap();
+                if force.is_some() {
+                    // The strategy moves every message above a cell, to every rank.
+                    cfg.medium_limit = 0;
+                    cfg.net_eager_limit = cfg.eager_limit;
+                }
                 f(World::with_config(ch, cfg).unwrap())
             }));
         }
@@ -190,6 +239,7 @@ pub(crate) struct MemRdma {
     next: Arc<std::sync::atomic::AtomicU32>,
     /// Operations posted here, and the tests each needs before it is complete.
     ops: std::collections::HashMap<u64, u32>,
+    counters: Arc<RdmaCounters>,
 }
 
 impl MemRdma {
@@ -253,8 +303,20 @@ impl nemesis_net::Rdma for MemRdma {
         &mut self,
         seg: nemesis_net::rdma::Seg,
     ) -> Result<nemesis_net::rdma::Registration, nemesis_net::rdma::RdmaError> {
+        if self.counters.refuse.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(nemesis_net::rdma::RdmaError::Register {
+                bytes: seg.len,
+                why: "refused by the test (as past ulimit -l)".into(),
+            });
+        }
         let key = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.regs.lock().unwrap().insert(key, (seg.ptr as usize, seg.len));
+        self.counters
+            .registered
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.counters
+            .live
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(nemesis_net::rdma::Registration {
             handle: u64::from(key),
             lkey: key,
@@ -266,7 +328,11 @@ impl nemesis_net::Rdma for MemRdma {
         })
     }
     fn deregister(&mut self, reg: &nemesis_net::rdma::Registration) {
-        self.regs.lock().unwrap().remove(&reg.remote.rkey);
+        if self.regs.lock().unwrap().remove(&reg.remote.rkey).is_some() {
+            self.counters
+                .live
+                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
     }
     unsafe fn get(
         &mut self,
@@ -279,6 +345,9 @@ impl nemesis_net::Rdma for MemRdma {
         // SAFETY: both regions are registered and live (the caller's contract), and
         // `local.len` long.
         unsafe { std::ptr::copy_nonoverlapping(src as *const u8, local.ptr, local.len) };
+        self.counters
+            .read
+            .fetch_add(local.len as u64, std::sync::atomic::Ordering::Relaxed);
         Ok(self.post())
     }
     unsafe fn put(

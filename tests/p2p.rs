@@ -160,62 +160,11 @@ fn child_dead_peer() {
     });
 }
 
-/// Rank 0 starts a large send and exits part way through it, without a goodbye; rank
-/// 1's receive fails with the peer's failure within a bound set by
-/// `NEMESIS_FAILURE_TIMEOUT`, whatever strategy (`NEMESIS_LMT`) moves it.
+/// See [`faults::dies_mid_transfer`].
 #[test]
 #[ignore = "child process of the multi-process tests"]
 fn child_dies_mid_transfer() {
-    const LEN: usize = 512 << 20;
-    child_main(|| {
-        let mut w = nemesis::init().map_err(|e| e.to_string())?;
-        let c = w.comm();
-        if w.rank() == 0 {
-            let data = vec![7u8; LEN];
-            let mut go = [0u8; 1];
-            w.recv(&c, 1, 9, &mut go).map_err(|e| e.to_string())?;
-            w.scope(|s| {
-                let mut r = s.isend(&c, 1, 1, &data).map_err(|e| e.to_string())?;
-                let t = Instant::now();
-                while t.elapsed() < Duration::from_millis(5) {
-                    if s.test(&mut r).map_err(|e| e.to_string())? {
-                        return Err("the whole message moved before the sender could die".to_string());
-                    }
-                    std::thread::sleep(Duration::from_micros(200));
-                }
-                std::process::exit(0)
-            })?;
-            return Ok(());
-        }
-        let limit = w.config().failure_check * 5 + Duration::from_secs(2);
-        let mut buf = vec![0u8; LEN];
-        w.scope(|s| {
-            let r = s.irecv(&c, 0, 1, &mut buf).map_err(|e| e.to_string())?;
-            s.world().send(&c, 0, 9, &[1]).map_err(|e| e.to_string())?;
-            let t = Instant::now();
-            match s.wait(r) {
-                Err(P2pError::PeerFailed { rank: 0, reason }) if t.elapsed() < limit => {
-                    println!(
-                        "receive failed: rank 0 failed ({reason}) after {:.2?}",
-                        t.elapsed()
-                    );
-                    Ok(())
-                }
-                Err(P2pError::Transfer { rank: 0, source }) if t.elapsed() < limit => {
-                    println!(
-                        "receive failed: the transfer failed ({source}) after {:.2?}",
-                        t.elapsed()
-                    );
-                    Ok(())
-                }
-                Err(e) => Err(format!("unexpected error after {:.2?}: {e}", t.elapsed())),
-                Ok(st) => Err(format!(
-                    "a receive of {} bytes completed from a dead sender",
-                    st.status().len
-                )),
-            }
-        })
-    });
+    child_main(faults::dies_mid_transfer);
 }
 
 /// Rank 0 sends a medium message and exits at once, without a goodbye or a flush: a

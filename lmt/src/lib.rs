@@ -15,9 +15,13 @@
 //! | `ring`     | cooperative | 2      | room for a ring file in the shm dir     |
 //! | `vmsplice` | cooperative | 1      | a FIFO in the shm dir                   |
 //! | `chunks`   | cooperative | 2      | nothing: packets through queue cells    |
+//! | `rdma`     | get         | 0      | a netmod with RDMA, peer on another node|
 //!
 //! `chunks` is carried out by the two-sided layer itself; it is always possible and is
-//! what every other strategy falls back to.
+//! what every other strategy falls back to. The first four move data between processes
+//! of one node ([`LocalLmt`]); `rdma` moves it between nodes, the card reading the
+//! sender's memory ([`rdma`]). [`Routes`] puts both behind one [`Lmt`], choosing by the
+//! peer.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
@@ -27,11 +31,16 @@ mod iov;
 pub mod local;
 pub mod pipe;
 pub mod policy;
+pub mod rdma;
+mod regcache;
+mod routes;
 mod stream;
 
 pub use local::LocalLmt;
 pub use nemesis_shm::ring::Seg;
 pub use policy::Policy;
+pub use regcache::RegCache;
+pub use routes::Routes;
 
 use std::fmt;
 
@@ -60,16 +69,20 @@ pub enum Strategy {
     Ring = 3,
     /// The sender's pages spliced into a pipe, read by the receiver.
     Vmsplice = 4,
+    /// The receiver's card reads the sender's registered memory (a peer on another
+    /// node, through a netmod with RDMA).
+    Rdma = 5,
 }
 
 impl Strategy {
     /// Every strategy, in wire-code order.
-    pub const ALL: [Strategy; 5] = [
+    pub const ALL: [Strategy; 6] = [
         Strategy::Chunks,
         Strategy::Cma,
         Strategy::CmaPut,
         Strategy::Ring,
         Strategy::Vmsplice,
+        Strategy::Rdma,
     ];
 
     /// The strategy with wire code `code`.
@@ -85,13 +98,14 @@ impl Strategy {
             Strategy::CmaPut => "cma-put",
             Strategy::Ring => "ring",
             Strategy::Vmsplice => "vmsplice",
+            Strategy::Rdma => "rdma",
         }
     }
 
     /// Who moves the bytes.
     pub fn mode(self) -> Mode {
         match self {
-            Strategy::Cma => Mode::Get,
+            Strategy::Cma | Strategy::Rdma => Mode::Get,
             Strategy::CmaPut => Mode::Put,
             Strategy::Chunks | Strategy::Ring | Strategy::Vmsplice => Mode::Cooperative,
         }
@@ -101,7 +115,13 @@ impl Strategy {
     /// send that is let go early must not give its buffer back before the receiver is
     /// done (or has promised not to start).
     pub fn reads_in_place(self) -> bool {
-        matches!(self, Strategy::Cma | Strategy::Vmsplice)
+        matches!(self, Strategy::Cma | Strategy::Vmsplice | Strategy::Rdma)
+    }
+
+    /// Whether the sender hands its pages over in the RTS (a cookie naming them), so
+    /// that a sender letting go of its request must take the offer back first.
+    pub fn offered_in_place(self) -> bool {
+        matches!(self, Strategy::Cma | Strategy::Rdma)
     }
 }
 
@@ -135,6 +155,36 @@ impl Strategies {
     pub fn without(self, s: Strategy) -> Self {
         Strategies(self.0 & !(1 << s as u8))
     }
+
+    /// The set without the strategies whose RTS names the sender's pages.
+    #[must_use]
+    pub fn without_in_place(self) -> Self {
+        self.without(Strategy::Cma).without(Strategy::Rdma)
+    }
+
+    /// Whether the set names the sender's pages.
+    pub fn has_in_place(self) -> bool {
+        self.has(Strategy::Cma) || self.has(Strategy::Rdma)
+    }
+}
+
+/// What a sender offers for one message: the strategies, and what it holds for them
+/// until the receiver is done (the registration of its buffer, for [`Strategy::Rdma`]),
+/// to hand back with [`Lmt::end`] when the send ends, whichever way.
+#[derive(Debug)]
+pub struct Offer {
+    /// The strategies offered.
+    pub strategies: Strategies,
+    /// What the sender holds until the send ends.
+    pub held: Option<Xfer>,
+}
+
+impl Offer {
+    /// Only chunks, holding nothing.
+    pub const CHUNKS: Offer = Offer {
+        strategies: Strategies::CHUNKS,
+        held: None,
+    };
 }
 
 /// Why a transfer failed.
@@ -222,6 +272,8 @@ pub struct Xfer {
     pub(crate) at: nemesis_shm::ring::SegCursor,
     /// The peer's buffer, for get and put.
     pub(crate) remote: Vec<(u64, u64)>,
+    /// Registrations and reads in flight, for [`Strategy::Rdma`].
+    pub(crate) rdma: Option<Box<rdma::Held>>,
 }
 
 impl Xfer {
@@ -235,6 +287,7 @@ impl Xfer {
             want: total,
             at: Default::default(),
             remote: Vec::new(),
+            rdma: None,
         }
     }
 
@@ -251,8 +304,9 @@ impl Xfer {
 /// [`Lmt::progress`] on each side until the transfer is complete, then [`Lmt::end`].
 pub trait Lmt {
     /// The strategies the sender offers for `len` bytes in `src` to `peer`; appends the
-    /// cookie that the offered get strategies need to `cookie`.
-    fn offer(&mut self, peer: u32, src: &[Seg], len: usize, cookie: &mut Vec<u8>) -> Strategies;
+    /// cookie that the offered get strategies need to `cookie`. What the offer holds is
+    /// handed back with [`Lmt::end`] once the send ends.
+    fn offer(&mut self, peer: u32, src: &[Seg], len: usize, cookie: &mut Vec<u8>) -> Offer;
 
     /// The receiver's choice among `offered` for `len` bytes from `peer`. A strategy
     /// whose intermediate buffer is in use by another transfer is not chosen.
@@ -319,7 +373,10 @@ mod tests {
             assert!(set.has(s) && set.has(Strategy::Chunks));
             assert!(!set.without(s).has(s));
         }
-        assert_eq!(Strategy::from_code(5), None);
+        assert_eq!(Strategy::from_code(6), None);
+        assert!(Strategy::Rdma.reads_in_place() && Strategy::Rdma.offered_in_place());
+        let all = Strategies(0xff);
+        assert!(!all.without_in_place().has_in_place() && all.has_in_place());
         assert_eq!(Strategy::CmaPut.mode(), Mode::Put);
     }
 }

@@ -3,7 +3,7 @@
 use crate::policy::CMA_STEP;
 use crate::stream::RingEnd;
 use crate::{Lmt, Role};
-use crate::{LmtError, Mode, Policy, Seg, Strategies, Strategy, Xfer, cma, pipe};
+use crate::{LmtError, Mode, Offer, Policy, Seg, Strategies, Strategy, Xfer, cma, pipe};
 use nemesis_shm::{PeerState, Segment};
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -71,6 +71,14 @@ fn check_forced(policy: Policy, cma_refused: Option<&str>) -> Result<(), LmtErro
             reason: format!("cross-memory attach is not permitted here ({why}); use auto or ring"),
         }),
         _ => Ok(()),
+    }
+}
+
+/// What a node's strategies answer for [`Strategy::Rdma`], which goes between nodes.
+fn not_here(peer: u32) -> LmtError {
+    LmtError::BadCookie {
+        peer,
+        why: "rdma moves data between nodes, not between processes of one node".into(),
     }
 }
 
@@ -146,7 +154,8 @@ impl LocalLmt {
         self.cma_refused.as_deref()
     }
 
-    fn is_local(&self, peer: u32) -> bool {
+    /// Whether `peer` is another process of this node.
+    pub fn is_local(&self, peer: u32) -> bool {
         peer != self.me && self.local_of.get(peer as usize).is_some_and(|&i| i != u32::MAX)
     }
 
@@ -183,6 +192,8 @@ impl LocalLmt {
     /// The strategies that this side's policy would use for `len` bytes, best first.
     fn preferred(&self, len: usize) -> Vec<Strategy> {
         match self.policy.force {
+            // Between nodes only: here, chunks.
+            Some(Strategy::Rdma) => Vec::new(),
             Some(s) => vec![s],
             None => self.policy.auto_order(len).to_vec(),
         }
@@ -241,10 +252,10 @@ impl LocalLmt {
 }
 
 impl Lmt for LocalLmt {
-    fn offer(&mut self, peer: u32, src: &[Seg], len: usize, cookie: &mut Vec<u8>) -> Strategies {
+    fn offer(&mut self, peer: u32, src: &[Seg], len: usize, cookie: &mut Vec<u8>) -> Offer {
         let mut set = Strategies::CHUNKS;
         if !self.is_local(peer) {
-            return set;
+            return Offer::CHUNKS;
         }
         for s in self.preferred(len) {
             if !self.possible(peer, s) {
@@ -255,7 +266,10 @@ impl Lmt for LocalLmt {
             }
             set = set.with(s);
         }
-        set
+        Offer {
+            strategies: set,
+            held: None,
+        }
     }
 
     fn choose(&mut self, peer: u32, len: usize, offered: Strategies) -> Strategy {
@@ -313,6 +327,7 @@ impl Lmt for LocalLmt {
                 let name = self.pipe_in.get(&peer).map(|c| c.end.name()).unwrap_or_default();
                 cts_cookie.extend_from_slice(name.as_bytes());
             }
+            Strategy::Rdma => return Err(not_here(peer)),
         }
         Ok(x)
     }
@@ -361,6 +376,7 @@ impl Lmt for LocalLmt {
                     self.pipe_out.insert(peer, end);
                 }
             }
+            Strategy::Rdma => return Err(not_here(peer)),
         }
         Ok(x)
     }
@@ -372,6 +388,7 @@ impl Lmt for LocalLmt {
         };
         match (x.strategy, x.role) {
             (Strategy::Chunks, _) => {}
+            (Strategy::Rdma, _) => return Err(not_here(x.peer)),
             (Strategy::Cma | Strategy::CmaPut, _) => {
                 if !x.is_complete() {
                     let pid = self.pid(x.peer)?;
@@ -468,7 +485,7 @@ mod tests {
     /// sides driven in turn as two progress engines would; returns what arrived.
     fn transfer(tx: &mut LocalLmt, rx: &mut LocalLmt, s: Strategy, msg: &[u8]) -> Vec<u8> {
         let mut cookie = Vec::new();
-        let offered = tx.offer(1, &[Seg::of(msg)], msg.len(), &mut cookie);
+        let offered = tx.offer(1, &[Seg::of(msg)], msg.len(), &mut cookie).strategies;
         assert!(offered.has(s), "{s} not offered");
         let mut dst = vec![0u8; msg.len()];
         let dsegs = [Seg::of_mut(&mut dst)];

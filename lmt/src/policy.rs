@@ -23,6 +23,14 @@ pub const AUTO_CMA_MIN: usize = 32 << 10;
 /// 16 MiB, in latency and in bandwidth, on the machines measured (BENCHMARKS.md).
 pub const DEFAULT_AUTO: &[Strategy] = &[Strategy::Ring, Strategy::Cma];
 
+/// From this many bytes up, a message to a peer on another node goes by RDMA read when
+/// the netmod offers RDMA (`NEMESIS_LMT_RDMA_MIN`); below it, in packets. Measured in
+/// the Soft-RoCE VM over rc (BENCHMARKS.md): below it the registrations and the read's
+/// round trip cost more than sending a few packets (16 KiB: 1.0 ms against 0.73 ms a
+/// ping-pong); at 64 KiB the two are level in latency and bandwidth, and above it the
+/// read wins (256 KiB: 8.0 ms against 8.7; 4 MiB streamed: 36 MB/s against 30).
+pub const DEFAULT_RDMA_MIN: usize = 64 << 10;
+
 /// The most strategies an automatic order names.
 const AUTO_MAX: usize = 4;
 
@@ -78,6 +86,9 @@ pub struct Policy {
     pub ring: RingGeometry,
     /// What automatic selection tries, best first (`NEMESIS_LMT_AUTO`).
     pub auto: AutoOrder,
+    /// From how many bytes a message to another node goes by RDMA read, or `None` for
+    /// never (`NEMESIS_LMT_RDMA_MIN`).
+    pub rdma_min: Option<usize>,
 }
 
 impl Default for Policy {
@@ -86,6 +97,7 @@ impl Default for Policy {
             force: None,
             ring: DEFAULT_RING,
             auto: AutoOrder::default(),
+            rdma_min: Some(DEFAULT_RDMA_MIN),
         }
     }
 }
@@ -100,11 +112,21 @@ impl Policy {
             &[]
         }
     }
+
+    /// Whether a message of `len` bytes to a peer on another node goes by RDMA read
+    /// when the netmod offers it: forced, or automatic and at least `rdma_min` bytes.
+    pub fn rdma_for(&self, len: usize) -> bool {
+        match self.force {
+            Some(Strategy::Rdma) => true,
+            Some(_) => false,
+            None => self.rdma_min.is_some_and(|m| len >= m),
+        }
+    }
 }
 
 impl Policy {
-    /// Reads `NEMESIS_LMT`, `NEMESIS_LMT_AUTO`, `NEMESIS_LMT_RING_SLOTS` and
-    /// `NEMESIS_LMT_RING_SLOT_SIZE`.
+    /// Reads `NEMESIS_LMT`, `NEMESIS_LMT_AUTO`, `NEMESIS_LMT_RING_SLOTS`,
+    /// `NEMESIS_LMT_RING_SLOT_SIZE` and `NEMESIS_LMT_RDMA_MIN`.
     pub fn from_env() -> Result<Self, LmtError> {
         Self::from_lookup(|k| std::env::var(k).ok())
     }
@@ -123,7 +145,7 @@ impl Policy {
                         .ok_or_else(|| LmtError::Config {
                             var: "NEMESIS_LMT",
                             value: v.clone(),
-                            reason: "expected auto, chunks, cma, cma-put, ring or vmsplice".into(),
+                            reason: "expected auto, chunks, cma, cma-put, ring, vmsplice or rdma".into(),
                         })?,
                 ),
             };
@@ -140,7 +162,7 @@ impl Policy {
                     let n = n.trim().to_ascii_lowercase();
                     Strategy::ALL
                         .into_iter()
-                        .find(|s| s.name() == n && *s != Strategy::Chunks)
+                        .find(|s| s.name() == n && !matches!(s, Strategy::Chunks | Strategy::Rdma))
                         .ok_or_else(|| bad("expected strategies from cma, cma-put, ring and vmsplice, best first, such as ring,cma"))
                 })
                 .collect::<Result<Vec<_>, _>>()?;
@@ -184,6 +206,21 @@ impl Policy {
             });
         }
         p.ring.slot_size = slot;
+        if let Some(v) = get("NEMESIS_LMT_RDMA_MIN").filter(|v| !v.trim().is_empty()) {
+            p.rdma_min = if v.trim().eq_ignore_ascii_case("off") {
+                None
+            } else {
+                Some(
+                    nemesis_shm::config::parse_size(&v)
+                        .and_then(|n| usize::try_from(n).ok())
+                        .ok_or_else(|| LmtError::Config {
+                            var: "NEMESIS_LMT_RDMA_MIN",
+                            value: v.clone(),
+                            reason: "expected a size such as 32K, or off".into(),
+                        })?,
+                )
+            };
+        }
         Ok(p)
     }
 }
@@ -214,6 +251,16 @@ mod tests {
         assert_eq!(p.auto_order(1 << 20), &[Strategy::Vmsplice, Strategy::Cma]);
         assert_eq!(p.auto_order(AUTO_CMA_MIN - 1), &[] as &[Strategy]);
         assert_eq!(Policy::default().auto_order(1 << 20), DEFAULT_AUTO);
+        let d = Policy::default();
+        assert!(d.rdma_for(DEFAULT_RDMA_MIN) && !d.rdma_for(DEFAULT_RDMA_MIN - 1));
+        assert!(
+            !parse(&[("NEMESIS_LMT_RDMA_MIN", "off")])
+                .unwrap()
+                .rdma_for(1 << 30)
+        );
+        assert!(parse(&[("NEMESIS_LMT_RDMA_MIN", "0")]).unwrap().rdma_for(1));
+        assert!(parse(&[("NEMESIS_LMT", "rdma")]).unwrap().rdma_for(1));
+        assert!(!parse(&[("NEMESIS_LMT", "ring")]).unwrap().rdma_for(1 << 30));
     }
 
     #[test]
@@ -222,7 +269,8 @@ mod tests {
             ("NEMESIS_LMT_AUTO", "ring,ring"),
             ("NEMESIS_LMT_AUTO", "ring,chunks"),
             ("NEMESIS_LMT_AUTO", "rdma"),
-            ("NEMESIS_LMT", "rdma"),
+            ("NEMESIS_LMT", "rdma-read"),
+            ("NEMESIS_LMT_RDMA_MIN", "big"),
             ("NEMESIS_LMT_RING_SLOTS", "0"),
             ("NEMESIS_LMT_RING_SLOTS", "5000"),
             ("NEMESIS_LMT_RING_SLOT_SIZE", "1000"),

@@ -104,6 +104,13 @@ impl Drops {
         self.counts.iter().sum()
     }
 
+    /// Adds `other`'s counts to these: one netmod made of two reports both.
+    pub fn merge(&mut self, other: &Drops) {
+        for (c, o) in self.counts.iter_mut().zip(other.counts) {
+            *c += o;
+        }
+    }
+
     /// The reasons with a non-zero count.
     pub fn nonzero(&self) -> impl Iterator<Item = (DropReason, u64)> + '_ {
         DropReason::ALL
@@ -131,5 +138,9 @@ mod tests {
             d.nonzero().collect::<Vec<_>>(),
             vec![(DropReason::Truncated, 1), (DropReason::WrongJob, 2)]
         );
+        let mut e = Drops::quiet();
+        e.note("t", DropReason::Truncated, "z");
+        e.merge(&d);
+        assert_eq!((e.count(DropReason::Truncated), e.total()), (2, 4));
     }
 }

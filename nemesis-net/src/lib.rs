@@ -36,6 +36,7 @@ pub mod config;
 pub mod dgram;
 mod drops;
 pub mod gate;
+pub mod pinned;
 pub mod rdma;
 pub mod reliable;
 pub mod sim;
@@ -254,6 +255,11 @@ pub struct NetStats {
     pub retransmits: u64,
     /// Duplicate segments received and dropped (udp).
     pub duplicates: u64,
+    /// Bytes asked for by RDMA reads and writes posted ([`Rdma::get`], [`Rdma::put`]).
+    pub rdma_bytes: u64,
+    /// Peers with a connected pair that RDMA can use (rc's queue pairs; ud's, made on
+    /// demand), now.
+    pub rdma_pairs: u64,
     /// What was dropped or refused from the wire, and why.
     pub drops: Drops,
 }

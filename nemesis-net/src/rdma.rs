@@ -112,11 +112,20 @@ pub struct OpId(pub u64);
 
 /// One-sided transfers on registered memory, as a network module offers them.
 pub trait Rdma {
-    /// Registers `seg` for local and remote access.
+    /// Registers `seg` for local and remote access: peers may read, write and update it.
     ///
     /// # Errors
     /// The device refuses the registration (limits on pinned memory).
     fn register(&mut self, seg: Seg) -> Result<Registration, RdmaError>;
+
+    /// Registers `seg` for peers to read only: a send buffer lent for a large message,
+    /// which a peer must not be able to change (and which may lie in read-only pages).
+    ///
+    /// # Errors
+    /// As for [`Rdma::register`].
+    fn register_read(&mut self, seg: Seg) -> Result<Registration, RdmaError> {
+        self.register(seg)
+    }
 
     /// Ends a registration.
     fn deregister(&mut self, reg: &Registration);

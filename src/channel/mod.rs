@@ -292,10 +292,11 @@ pub trait Channel {
         None
     }
 
-    /// The large-message strategies towards the peers this channel reaches, if it has
-    /// any beyond chunks through packets.
-    fn lmt(&mut self) -> Option<&mut dyn nemesis_lmt::Lmt> {
-        None
+    /// The large-message strategies towards the peers this channel reaches: those of
+    /// the node, RDMA read to other nodes where the network module offers it, and
+    /// chunks through packets for everything else.
+    fn lmt(&mut self) -> nemesis_lmt::Routes<'_> {
+        nemesis_lmt::Routes::none()
     }
 
     /// One-sided access to registered memory of the peers the network module reaches,
@@ -423,7 +424,7 @@ impl<C: Channel + ?Sized> Channel for &mut C {
     fn node_segment(&self) -> Option<Arc<Segment>> {
         (**self).node_segment()
     }
-    fn lmt(&mut self) -> Option<&mut dyn nemesis_lmt::Lmt> {
+    fn lmt(&mut self) -> nemesis_lmt::Routes<'_> {
         (**self).lmt()
     }
     fn rdma(&mut self) -> Option<&mut dyn nemesis_net::Rdma> {

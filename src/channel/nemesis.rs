@@ -54,6 +54,8 @@ struct Net {
     hint: bool,
     /// Whether the netmod has a descriptor to sleep on.
     has_fd: bool,
+    /// Registrations of pinned buffers kept for the netmod's RDMA.
+    regs: nemesis_lmt::RegCache,
 }
 
 impl Net {
@@ -215,6 +217,7 @@ impl NemesisChannel {
                 skip: 0,
                 every,
                 hint: false,
+                regs: nemesis_lmt::RegCache::default(),
             }),
             shm,
             info: None,
@@ -504,8 +507,15 @@ impl Channel for NemesisChannel {
         self.shm.node_segment()
     }
 
-    fn lmt(&mut self) -> Option<&mut dyn nemesis_lmt::Lmt> {
-        self.shm.lmt()
+    fn lmt(&mut self) -> nemesis_lmt::Routes<'_> {
+        let (rdma, regs) = match self.net.as_mut() {
+            Some(Net { netmod, regs, .. }) => match netmod.rdma() {
+                Some(r) => (Some(r), Some(regs)),
+                None => (None, None),
+            },
+            None => (None, None),
+        };
+        nemesis_lmt::Routes::new(Some(self.shm.local_lmt()), rdma, regs)
     }
 
     fn rdma(&mut self) -> Option<&mut dyn nemesis_net::Rdma> {

@@ -494,8 +494,8 @@ impl Channel for ShmChannel {
         Ok(())
     }
 
-    fn lmt(&mut self) -> Option<&mut dyn nemesis_lmt::Lmt> {
-        Some(&mut self.lmt)
+    fn lmt(&mut self) -> nemesis_lmt::Routes<'_> {
+        nemesis_lmt::Routes::new(Some(&mut self.lmt), None, None)
     }
 
     fn wait_policy(&self) -> Option<WaitPolicy> {

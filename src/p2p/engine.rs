@@ -372,26 +372,30 @@ impl Engine {
         self.reqs.get(id).is_some_and(rndv::holds_in_place)
     }
 
-    /// Fails request `id` with `e`, ending what it moves; returns the transfer to hand
-    /// back to the LMT, if any.
-    pub(crate) fn fail(&mut self, id: u32, e: P2pError) -> Option<nemesis_lmt::Xfer> {
+    /// Fails request `id` with `e`, ending what it moves; returns the transfers to hand
+    /// back to the LMT (what it moved, what its offer held).
+    pub(crate) fn fail(&mut self, id: u32, e: P2pError) -> Vec<nemesis_lmt::Xfer> {
         self.matching.cancel(id);
-        let x = match self.reqs.get_mut(id)? {
+        let Some(req) = self.reqs.get_mut(id) else {
+            return Vec::new();
+        };
+        let x = match req {
             Req::Recv(rr) => {
                 rr.result = Some(Err(Box::new(e)));
                 match std::mem::replace(&mut rr.state, RState::Done) {
                     RState::Rndv {
                         stage: super::requests::Stage::Lmt(x),
                         ..
-                    } => Some(*x),
-                    _ => None,
+                    } => vec![*x],
+                    _ => Vec::new(),
                 }
             }
             Req::Send(s) => {
                 s.result = Some(Err(Box::new(e)));
+                let held = s.held.take().map(|h| *h);
                 match std::mem::replace(&mut s.state, SState::Done) {
-                    SState::Lmt { x, .. } => Some(*x),
-                    _ => None,
+                    SState::Lmt { x, .. } => Some(*x).into_iter().chain(held).collect(),
+                    _ => held.into_iter().collect(),
                 }
             }
         };

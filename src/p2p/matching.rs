@@ -137,15 +137,15 @@ impl Matching {
         }
     }
 
-    /// Takes the CMA offer out of the unexpected RTS of `src`'s send `send_id`, if there
-    /// is one; says whether there was.
+    /// Takes the in-place offer (CMA, RDMA) out of the unexpected RTS of `src`'s send
+    /// `send_id`, if there is one; says whether there was.
     pub(crate) fn revoke(&mut self, src: u32, send_id: u32) -> bool {
         for u in self.unexpected.iter_mut() {
             if let Body::Rts(r) = &mut u.body
                 && u.src == src
                 && r.send_id == send_id
             {
-                r.offered = r.offered.without(nemesis_lmt::Strategy::Cma);
+                r.offered = r.offered.without_in_place();
                 r.cookie.clear();
                 return true;
             }

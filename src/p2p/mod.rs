@@ -289,3 +289,6 @@ pub fn init() -> Result<World<NemesisChannel>, P2pError> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod rdma_tests;

@@ -15,7 +15,7 @@ use super::requests::{Bufs, Completion};
 use super::{P2pError, Status, World};
 use crate::channel::Channel;
 use crate::progress::Idle;
-use nemesis_lmt::Seg;
+use nemesis_lmt::{Lmt, Seg};
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -47,6 +47,17 @@ impl<T: bytemuck::Pod + Send> OwnedBuf for Box<[T]> {
     }
     fn bytes_mut(&mut self) -> &mut [u8] {
         bytemuck::cast_slice_mut(self)
+    }
+}
+
+/// A buffer whose RDMA registrations are kept: large messages to other nodes sent from
+/// it, or received into it, again and again are registered once.
+impl OwnedBuf for nemesis_net::pinned::Pinned {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self
     }
 }
 
@@ -630,9 +641,8 @@ impl<C: Channel> World<C> {
                     let _ = self.idle_ids(&mut idle, 1, &|| vec![id]);
                 }
             }
-            if let Some(x) = self.eng.fail(id, P2pError::WorldGone)
-                && let Some(lmt) = self.core.ch.lmt()
-            {
+            let mut lmt = self.core.ch.lmt();
+            for x in self.eng.fail(id, P2pError::WorldGone) {
                 lmt.end(&x);
             }
         }

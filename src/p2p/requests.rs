@@ -171,6 +171,9 @@ pub(crate) struct SendReq {
     pub offered: Strategies,
     /// The strategy the CTS chose, once it came.
     pub used: Option<Strategy>,
+    /// What the offer holds until the receiver is done (the registration of the
+    /// buffer for RDMA), handed back to the LMT when the offer is over.
+    pub held: Option<Box<Xfer>>,
     /// The remaining data, copied when the request was let go.
     pub owned: Option<Vec<u8>>,
     pub result: Outcome,

@@ -131,6 +131,11 @@ impl Rndv {
         let (recv_id, strategy, cookie) = wire::parse_cts(payload)?;
         match reqs.get_mut(send_id) {
             Some(Req::Send(s)) if s.dest == src && matches!(s.state, SState::WaitCts) => {
+                // A CTS means the receiver does not read in place: what the offer
+                // holds for that can go.
+                if let Some(h) = s.held.take() {
+                    self.retired.push(*h);
+                }
                 if strategy == Strategy::Chunks {
                     s.state = SState::Push { recv_id, off: 0 };
                     self.pushing.push(send_id);
@@ -207,6 +212,9 @@ impl Rndv {
                 if let SState::Lmt { x, .. } = std::mem::replace(&mut s.state, SState::Done) {
                     self.retired.push(*x);
                 }
+                if let Some(h) = s.held.take() {
+                    self.retired.push(*h);
+                }
                 if status != OK {
                     s.result = Some(Err(Box::new(P2pError::RemoteTransfer {
                         rank: s.comm.rank_of(src).unwrap_or(src),
@@ -251,8 +259,8 @@ impl Rndv {
         }
     }
 
-    /// Takes the CMA offer out of `src`'s send `send_id` if a receive matched it but has
-    /// not chosen yet; says whether it did.
+    /// Takes the in-place offer (CMA, RDMA) out of `src`'s send `send_id` if a receive
+    /// matched it but has not chosen yet; says whether it did.
     pub(crate) fn revoke_unchosen(&mut self, reqs: &mut Requests, src: u32, send_id: u32) -> bool {
         for req in reqs.values_mut() {
             if let Req::Recv(RecvReq {
@@ -268,7 +276,7 @@ impl Rndv {
                 && *peer == src
                 && *sid == send_id
             {
-                *offered = offered.without(Strategy::Cma);
+                *offered = offered.without_in_place();
                 cookie.clear();
                 return true;
             }
@@ -281,7 +289,10 @@ impl Rndv {
         if let Some(Req::Send(s)) = reqs.get_mut(send_id)
             && s.dest == src
         {
-            s.offered = s.offered.without(Strategy::Cma);
+            s.offered = s.offered.without_in_place();
+            if let Some(h) = s.held.take() {
+                self.retired.push(*h);
+            }
         }
     }
 
@@ -342,11 +353,8 @@ impl Rndv {
         if self.retired.is_empty() && self.lmt_active.is_empty() {
             return;
         }
-        let mut none = NoLmt;
-        let lmt: &mut dyn Lmt = match ch.lmt() {
-            Some(l) => l,
-            None => &mut none,
-        };
+        let mut routes = ch.lmt();
+        let lmt: &mut dyn Lmt = &mut routes;
         for x in self.retired.drain(..) {
             lmt.end(&x);
         }
@@ -376,55 +384,19 @@ impl Rndv {
 pub(crate) fn holds_in_place(r: &Req) -> bool {
     match r {
         Req::Send(s) => match &s.state {
-            SState::WaitCts => s.offered.has(Strategy::Cma),
+            SState::WaitCts => s.offered.has_in_place(),
             SState::Lmt { .. } | SState::WaitDone => {
                 s.owned.is_none() && s.used.is_some_and(Strategy::reads_in_place)
             }
             _ => false,
         },
+        // The peer writes these pages, or the card does.
         Req::Recv(rr) => matches!(
             &rr.state,
-            RState::Rndv { stage: Stage::Lmt(x), .. } if x.strategy == Strategy::CmaPut
+            RState::Rndv { stage: Stage::Lmt(x), .. }
+                if matches!(x.strategy, Strategy::CmaPut | Strategy::Rdma)
         ),
     }
-}
-
-/// The LMT of a channel that has none: only chunks.
-struct NoLmt;
-
-impl Lmt for NoLmt {
-    fn offer(&mut self, _: u32, _: &[Seg], _: usize, _: &mut Vec<u8>) -> Strategies {
-        Strategies::CHUNKS
-    }
-    fn choose(&mut self, _: u32, _: usize, _: Strategies) -> Strategy {
-        Strategy::Chunks
-    }
-    fn start_recv(
-        &mut self,
-        peer: u32,
-        s: Strategy,
-        _: &[u8],
-        _: usize,
-        _: usize,
-        _: &[Seg],
-        _: &mut Vec<u8>,
-    ) -> Result<Xfer, LmtError> {
-        Err(LmtError::BadCookie {
-            peer,
-            why: format!("{s} is not available on this channel"),
-        })
-    }
-    fn start_send(&mut self, peer: u32, s: Strategy, _: &[u8], _: usize) -> Result<Xfer, LmtError> {
-        Err(LmtError::BadCookie {
-            peer,
-            why: format!("{s} is not available on this channel"),
-        })
-    }
-    unsafe fn progress(&mut self, _: &mut Xfer, _: &[Seg]) -> Result<bool, LmtError> {
-        Ok(true)
-    }
-    fn end(&mut self, _: &Xfer) {}
-    fn peer_terminated(&mut self, _: u32) {}
 }
 
 /// One step of a matched large receive.
@@ -471,6 +443,9 @@ fn recv_step(lmt: &mut dyn Lmt, id: u32, rr: &mut RecvReq) -> After {
             }
             let mut reply = Vec::new();
             match lmt.start_recv(peer, strategy, cookie, total, rr.cap, rr.bufs.segs(), &mut reply) {
+                // Refused before anything moved (memory that cannot be registered):
+                // chunks instead.
+                Err(LmtError::NotPermitted { .. }) => chunks(stage),
                 Ok(x) => {
                     let mode = strategy.mode();
                     *stage = Stage::Lmt(Box::new(x));
@@ -485,8 +460,9 @@ fn recv_step(lmt: &mut dyn Lmt, id: u32, rr: &mut RecvReq) -> After {
             }
         }
         Stage::Lmt(x) => {
-            let r = if rr.detached && x.strategy.mode() == Mode::Get {
-                // Let go: stop reading; the sender only waits for DONE.
+            let r = if rr.detached && x.strategy == Strategy::Cma {
+                // Let go: stop reading; the sender only waits for DONE. (An RDMA read
+                // let go is given an empty buffer: it waits for the reads in flight.)
                 Ok(true)
             } else {
                 // SAFETY: the receive buffer is lent (see `Bufs`), or empty once released.

@@ -7,6 +7,7 @@ use crate::testkit::{job, job_forced, job_ring, job_with, pattern};
 use nemesis_lmt::{LmtError, Strategy};
 use nemesis_shm::{Geometry, Segment};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 #[test]
@@ -764,6 +765,18 @@ fn a_large_isend_moves_on_while_the_sender_computes_between_tests() {
 // ---------------------------------------------------------------------------------
 // Large-message transfer: every strategy, forced.
 
+/// Runs `f` as two ranks whose large messages `s` moves: on one node, or, for RDMA, on
+/// two nodes whose netmod offers it.
+fn job_moved_by<T: Send + 'static>(s: Strategy, f: impl Fn(World) -> T + Send + Sync + 'static) -> Vec<T> {
+    if s == Strategy::Rdma {
+        let (r, rdma) = crate::testkit::job_between_nodes(s, f);
+        assert!(rdma.read.load(Ordering::Relaxed) > 0, "nothing went by RDMA");
+        r
+    } else {
+        job_forced(2, s, f)
+    }
+}
+
 /// The strategies this system can run (CMA needs ptrace permission).
 fn strategies() -> Vec<Strategy> {
     let cma = nemesis_lmt::cma::probe().is_ok();
@@ -776,7 +789,7 @@ fn strategies() -> Vec<Strategy> {
 #[test]
 fn every_strategy_moves_contiguous_and_scattered_messages_intact() {
     for s in strategies() {
-        job_forced(2, s, move |mut w| {
+        job_moved_by(s, move |mut w| {
             let c = w.comm();
             let sizes = [8161usize, 100_000, (3 << 20) + 17];
             if w.rank() == 0 {
@@ -811,7 +824,7 @@ fn every_strategy_moves_contiguous_and_scattered_messages_intact() {
 #[test]
 fn every_strategy_truncates_into_a_short_buffer_and_writes_nothing_past_it() {
     for s in strategies() {
-        job_forced(2, s, move |mut w| {
+        job_moved_by(s, move |mut w| {
             let c = w.comm();
             if w.rank() == 0 {
                 w.send(&c, 1, 0, &pattern(9, 300_000))
@@ -844,7 +857,7 @@ fn every_strategy_truncates_into_a_short_buffer_and_writes_nothing_past_it() {
 #[test]
 fn every_strategy_survives_dropped_sends_and_receives() {
     for s in strategies() {
-        job_forced(2, s, move |mut w| {
+        job_moved_by(s, move |mut w| {
             let c = w.comm();
             if w.rank() == 0 {
                 let mut buf = pattern(3, 500_000);

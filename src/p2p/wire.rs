@@ -4,7 +4,8 @@
 //! side that receives it:
 //! - EAGER (aux 0): a whole message; context and tag are the message's.
 //! - RTS, sender to receiver (aux: send id): the length (u64), the strategies offered
-//!   (a bit set), and the cookie of the get strategies (CMA: the sender's pieces).
+//!   (a bit set), and the cookie of the get strategies (CMA: the sender's pieces; RDMA:
+//!   a key per piece of its registered buffer).
 //! - CTS, receiver to sender (aux: send id): the receive id (u32), the strategy chosen
 //!   (u8), and its cookie (a ring or pipe name, or the receiver's pieces for a put).
 //! - DATA (aux: receive id): an offset (u64) and bytes, for chunks.
@@ -17,7 +18,8 @@
 //!   and tag are the message's. MDATA (aux 0): the next bytes of the medium message its
 //!   source has under way (see `medium.rs`).
 //!
-//! A get (CMA) needs no CTS: the receiver reads as soon as it matches, then sends DONE.
+//! A get (CMA, RDMA) needs no CTS: the receiver reads as soon as it matches, then sends
+//! DONE.
 //! Nothing here trusts the peer: every parser says what is wrong instead of panicking.
 
 use crate::channel::Header;

@@ -11,7 +11,7 @@ use super::wire::{self, EAGER, MDATA, MEDIUM, REVOKE, RTS, Rts};
 use super::{Config, Locality, P2pError, Status};
 use crate::channel::{Channel, Header, NemesisChannel, Packet, Rank, SendStatus, WaitPolicy};
 use crate::progress::{Core, Idle, Others, Protocol, ProtocolId, RegistryError, Tick};
-use nemesis_lmt::{Seg, Strategies, Strategy};
+use nemesis_lmt::{Lmt, Seg};
 use nemesis_shm::Segment;
 use std::cell::Cell;
 use std::marker::PhantomData;
@@ -86,7 +86,7 @@ impl<C: Channel> World<C> {
     ///
     /// # Errors
     /// A bad `NEMESIS_SPIN`, `NEMESIS_YIELDS` or `NEMESIS_WAIT_WARN`.
-    pub fn with_config(ch: C, mut cfg: Config) -> Result<Self, P2pError> {
+    pub fn with_config(mut ch: C, mut cfg: Config) -> Result<Self, P2pError> {
         cfg.eager_limit = cfg.eager_limit.min(ch.max_payload());
         let (me, size) = (ch.rank(), ch.size());
         let id = crate::bootstrap::random_job_id();
@@ -113,11 +113,20 @@ impl<C: Channel> World<C> {
             .filter(|_| all_local)
             .and_then(|s| NodeColl::join(s, 0, false));
         let world = Comm::new(id, 0, (0..size).collect(), me, size, all_local, node);
+        // Messages to other nodes that RDMA reads faster than packets carry them are
+        // not sent eagerly, however large a packet the netmod takes (ud's reach 64 KiB).
+        let below_rdma = ch
+            .lmt()
+            .rdma_threshold()
+            .map_or(usize::MAX, |m| m.saturating_sub(1));
         let eager_to = locality
             .iter()
             .enumerate()
             .map(|(r, l)| match l {
-                Locality::Remote => cfg.net_eager_limit.min(ch.max_payload_to(r as u32)),
+                Locality::Remote => cfg
+                    .net_eager_limit
+                    .min(ch.max_payload_to(r as u32))
+                    .min(below_rdma),
                 _ => cfg.eager_limit,
             })
             .collect();
@@ -403,12 +412,11 @@ impl<C: Channel> World<C> {
                 };
                 let rank = comm.rank_of(p).unwrap_or(p);
                 let x = self.eng.fail(id, P2pError::PeerFailed { rank, reason });
-                if let Some(lmt) = self.core.ch.lmt() {
-                    if let Some(x) = x {
-                        lmt.end(&x);
-                    }
-                    lmt.peer_terminated(p);
+                let mut lmt = self.core.ch.lmt();
+                for x in x {
+                    lmt.end(&x);
                 }
+                lmt.peer_terminated(p);
                 return;
             }
         }
@@ -613,14 +621,17 @@ impl<C: Channel> World<C> {
             return Ok(None);
         }
         let mut rts = wire::rts_head(len);
-        let mut offered = match self.core.ch.lmt() {
-            Some(l) => l.offer(d, bufs.segs(), len, &mut rts),
-            None => Strategies::CHUNKS,
-        };
+        let nemesis_lmt::Offer {
+            strategies: mut offered,
+            mut held,
+        } = self.core.ch.lmt().offer(d, bufs.segs(), len, &mut rts);
         if rts.len() > self.core.ch.max_payload() {
             // Too many pieces to describe in one packet: no reading in place.
-            offered = offered.without(Strategy::Cma);
+            offered = offered.without_in_place();
             rts.truncate(wire::RTS_HEAD);
+            if let Some(h) = held.take() {
+                self.core.ch.lmt().end(&h);
+            }
         }
         rts[8] = offered.0;
         let id = self.eng.reqs.insert(Req::Send(SendReq {
@@ -631,6 +642,7 @@ impl<C: Channel> World<C> {
             state: SState::WaitCts,
             offered,
             used: None,
+            held: held.map(Box::new),
             owned: None,
             result: Some(Ok(Status {
                 source: dest,
@@ -649,6 +661,9 @@ impl<C: Channel> World<C> {
         };
         if let Err(e) = self.core.ch.send_bytes(d, h, &rts) {
             if let Some(Req::Send(s)) = self.eng.reqs.remove(id) {
+                if let Some(h) = s.held {
+                    self.core.ch.lmt().end(&h);
+                }
                 // The buffer goes back with the error, not with a completion.
                 drop(s.owner);
             }

@@ -2,6 +2,7 @@
 //! of the test binary itself, private shared-memory directories, examples, and output.
 #![allow(dead_code)]
 
+pub mod faults;
 pub mod rma;
 pub mod stress;
 

@@ -203,5 +203,8 @@ pub fn child() -> Result<(), String> {
         w.barrier(&c).map_err(|e| e.to_string())?;
     }
     println!("rank {me}: {count} messages checked in {:.1?}", start.elapsed());
+    if let Some(s) = w.channel().net_stats() {
+        println!("rank {me}: rdma moved {} bytes", s.rdma_bytes);
+    }
     Ok(())
 }

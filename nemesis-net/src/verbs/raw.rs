@@ -439,6 +439,27 @@ impl Mr {
             | acc::IBV_ACCESS_REMOTE_WRITE.0
             | acc::IBV_ACCESS_REMOTE_READ.0
             | acc::IBV_ACCESS_REMOTE_ATOMIC.0;
+        // SAFETY: the caller's contract.
+        unsafe { Self::with_access(pd, ptr, len, access) }
+    }
+
+    /// Registers `len` bytes at `ptr` for peers to read only: the device never writes
+    /// them, so they may be read-only pages.
+    ///
+    /// # Safety
+    /// As for [`Mr::new`].
+    ///
+    /// # Errors
+    /// As for [`Mr::new`].
+    pub unsafe fn read_only(pd: &Arc<Pd>, ptr: *mut u8, len: usize) -> Result<Self, VerbsError> {
+        let access = ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
+        // SAFETY: the caller's contract.
+        unsafe { Self::with_access(pd, ptr, len, access) }
+    }
+
+    /// # Safety
+    /// As for [`Mr::new`].
+    unsafe fn with_access(pd: &Arc<Pd>, ptr: *mut u8, len: usize, access: u32) -> Result<Self, VerbsError> {
         // SAFETY: a live domain; the caller keeps the bytes as the contract says.
         let mr = unsafe { ffi::ibv_reg_mr(pd.pd.as_ptr(), ptr.cast(), len.max(1), access as i32) };
         match NonNull::new(mr) {

@@ -351,6 +351,64 @@ pub struct Pair {
     clock: Clock,
     pinned: Option<(usize, usize)>,
     buf: Vec<u8>,
+    /// What the streaming benchmarks send from and receive into.
+    bufs: BufKind,
+}
+
+/// Memory the streaming benchmarks send from and receive into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BufKind {
+    /// Ordinary memory (page-aligned): a large message to another node is registered
+    /// for RDMA each time.
+    #[default]
+    Heap,
+    /// [`nemesis::Pinned`] buffers, whose registrations are kept.
+    Pinned,
+}
+
+impl BufKind {
+    /// Its name, as `--buffers` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            BufKind::Heap => "heap",
+            BufKind::Pinned => "pinned",
+        }
+    }
+
+    fn make(self, len: usize) -> Result<Buf> {
+        Ok(match self {
+            BufKind::Heap => Buf::Heap(PageAligned::new(len)),
+            BufKind::Pinned => Buf::Pinned(
+                nemesis::Pinned::new(len)
+                    .map_err(|e| MeasureError::Other(format!("a pinned buffer: {e}")))?,
+            ),
+        })
+    }
+}
+
+/// A buffer of a [`BufKind`].
+enum Buf {
+    Heap(PageAligned),
+    Pinned(nemesis::Pinned),
+}
+
+impl std::ops::Deref for Buf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Buf::Heap(b) => b,
+            Buf::Pinned(b) => b,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Buf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            Buf::Heap(b) => b,
+            Buf::Pinned(b) => b,
+        }
+    }
 }
 
 impl Pair {
@@ -390,7 +448,13 @@ impl Pair {
             clock,
             pinned,
             buf: vec![0; max.max(24)],
+            bufs: BufKind::Heap,
         })
+    }
+
+    /// Has the streaming benchmarks send from and receive into `kind` of memory.
+    pub fn set_buffers(&mut self, kind: BufKind) {
+        self.bufs = kind;
     }
 
     /// The transport the pair's messages take.
@@ -628,12 +692,17 @@ impl Pair {
         let code = lmt.map_or(0, |s| s as u64 + 1);
         set_lmt(&mut self.ch, code)?;
         let osu_bit = u64::from(osu) << SINK_OSU_BIT;
+        let pinned_bit = u64::from(self.bufs == BufKind::Pinned) << SINK_PINNED_BIT;
         self.command(
             OP_SINK_P2P,
-            [warmup + iters, window | code << 32 | osu_bit, size as u64],
+            [
+                warmup + iters,
+                window | code << 32 | osu_bit | pinned_bit,
+                size as u64,
+            ],
         )?;
         let other = |e: nemesis::P2pError| MeasureError::Other(e.to_string());
-        let mut msg_buf = PageAligned::new(size);
+        let mut msg_buf = self.bufs.make(size)?;
         msg_buf.fill(0x5a);
         let msg = &*msg_buf;
         let mut ack = [0u8; 4];
@@ -665,8 +734,14 @@ impl Pair {
     /// The strategy automatic selection gives a message of `size` bytes between the two
     /// (above the eager limit).
     pub fn auto_lmt(&mut self, size: usize) -> nemesis::lmt::Strategy {
+        use nemesis::Channel;
         if self.transport != Transport::Shm {
-            return nemesis::lmt::Strategy::Chunks;
+            let policy = self.ch.shm_mut().local_lmt().policy();
+            return if self.ch.rdma().is_some() && policy.rdma_for(size) {
+                nemesis::lmt::Strategy::Rdma
+            } else {
+                nemesis::lmt::Strategy::Chunks
+            };
         }
         self.ch.shm_mut().local_lmt().auto_choice(size)
     }
@@ -856,6 +931,11 @@ fn partner() -> Result<()> {
             OP_SINK_P2P => {
                 let (window, code, size) = (arg & 0xffff_ffff, arg >> 32 & 0xff, args_of(&buf[..len])?[2]);
                 let osu = arg >> SINK_OSU_BIT & 1 == 1;
+                let kind = if arg >> SINK_PINNED_BIT & 1 == 1 {
+                    BufKind::Pinned
+                } else {
+                    BufKind::Heap
+                };
                 set_lmt(&mut ch, code)?;
                 ch.send_bytes(0, ack, &[])?;
                 let other = |e: nemesis::P2pError| MeasureError::Other(e.to_string());
@@ -865,8 +945,9 @@ fn partner() -> Result<()> {
                 // rendezvous's handshakes overlap; as many buffers as fit SINK_BYTES.
                 let depth = (SINK_BYTES / size.max(1)).clamp(1, window) as usize;
                 let depth = if osu { 1 } else { depth };
-                let mut sinks: Vec<PageAligned> =
-                    (0..depth).map(|_| PageAligned::new(size as usize)).collect();
+                let mut sinks: Vec<Buf> = (0..depth)
+                    .map(|_| kind.make(size as usize))
+                    .collect::<Result<_>>()?;
                 for _ in 0..count {
                     if osu {
                         // Two pending receives cannot share a buffer in safe Rust: the
@@ -962,6 +1043,8 @@ const SINK_BYTES: u64 = 256 << 20;
 
 /// The bit of a two-sided sink's argument that asks for one receive buffer.
 const SINK_OSU_BIT: u32 = 40;
+/// In the sink's argument: its buffers are [`nemesis::Pinned`].
+const SINK_PINNED_BIT: u32 = 41;
 
 /// A buffer that starts on a page boundary, as benchmark buffers do (osu's too): two
 /// heap buffers a few bytes apart modulo 4096 can make copies between them many times

@@ -999,7 +999,16 @@ impl Netmod for RcNetmod {
     }
 
     fn stats(&self) -> NetStats {
-        self.stats.clone()
+        let mut s = self.stats.clone();
+        s.rdma_pairs = self
+            .peers
+            .iter()
+            .enumerate()
+            .filter(|(r, p)| {
+                *r != self.me as usize && p.as_deref().is_some_and(|p| matches!(p.link, Link::Up))
+            })
+            .count() as u64;
+        s
     }
 
     fn rdma(&mut self) -> Option<&mut dyn crate::Rdma> {

@@ -69,8 +69,35 @@ impl RcNetmod {
             .map_err(|e| failed(e.to_string()))?;
         p.posted.push_back(NO_SLOT);
         p.seq += 1;
+        if matches!(op, OneSided::Read | OneSided::Write) {
+            self.stats.rdma_bytes += local.len as u64;
+        }
         self.ops.insert(wr_id, None);
         Ok(OpId(wr_id))
+    }
+
+    /// Keeps a new registration of `seg` under the next handle.
+    fn keep(
+        &mut self,
+        seg: Seg,
+        mr: Result<Mr, crate::verbs::VerbsError>,
+    ) -> Result<Registration, RdmaError> {
+        let mr = mr.map_err(|e| RdmaError::Register {
+            bytes: seg.len,
+            why: e.to_string(),
+        })?;
+        self.next_reg += 1;
+        let reg = Registration {
+            handle: self.next_reg,
+            lkey: mr.lkey(),
+            remote: Remote {
+                addr: seg.ptr as u64,
+                len: seg.len as u64,
+                rkey: mr.rkey(),
+            },
+        };
+        self.regs.insert(self.next_reg, mr);
+        Ok(reg)
     }
 
     fn atomic(
@@ -101,22 +128,14 @@ impl Rdma for RcNetmod {
 
     fn register(&mut self, seg: Seg) -> Result<Registration, RdmaError> {
         // SAFETY: the trait's contract: the caller deregisters before freeing the bytes.
-        let mr = unsafe { Mr::new(&self.pd, seg.ptr, seg.len) }.map_err(|e| RdmaError::Register {
-            bytes: seg.len,
-            why: e.to_string(),
-        })?;
-        self.next_reg += 1;
-        let reg = Registration {
-            handle: self.next_reg,
-            lkey: mr.lkey(),
-            remote: Remote {
-                addr: seg.ptr as u64,
-                len: seg.len as u64,
-                rkey: mr.rkey(),
-            },
-        };
-        self.regs.insert(self.next_reg, mr);
-        Ok(reg)
+        let mr = unsafe { Mr::new(&self.pd, seg.ptr, seg.len) };
+        self.keep(seg, mr)
+    }
+
+    fn register_read(&mut self, seg: Seg) -> Result<Registration, RdmaError> {
+        // SAFETY: as in `register`.
+        let mr = unsafe { Mr::read_only(&self.pd, seg.ptr, seg.len) };
+        self.keep(seg, mr)
     }
 
     fn deregister(&mut self, reg: &Registration) {

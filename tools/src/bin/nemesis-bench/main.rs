@@ -95,7 +95,10 @@ fn calibrate(a: &CalibrateArgs, json: bool) -> Result<()> {
     let cma = nemesis::lmt::cma::probe().is_ok();
     let strategies: Vec<Strategy> = Strategy::ALL
         .into_iter()
-        .filter(|&s| s != Strategy::Chunks && (cma || !matches!(s, Strategy::Cma | Strategy::CmaPut)))
+        .filter(|&s| {
+            !matches!(s, Strategy::Chunks | Strategy::Rdma)
+                && (cma || !matches!(s, Strategy::Cma | Strategy::CmaPut))
+        })
         .chain([Strategy::Chunks])
         .collect();
     let clock = pair.clock();
@@ -485,7 +488,8 @@ struct BwArgs {
           default_value = "1K,4K,16K,64K,256K,1M,4M,16M,64M")]
     sizes: Vec<usize>,
     /// Large-message strategies to compare, interleaved round by round: auto, chunks,
-    /// cma, cma-put, ring, vmsplice (as NEMESIS_LMT). Ignored with --layer channel.
+    /// cma, cma-put, ring, vmsplice (within the node), rdma (between nodes, where the
+    /// netmod has RDMA), as NEMESIS_LMT. Ignored with --layer channel.
     #[arg(long, value_delimiter = ',', default_value = "auto")]
     lmt: Vec<String>,
     /// Messages per window.
@@ -520,6 +524,20 @@ struct BwArgs {
     /// a buffer in safe Rust). Named "recv_buffers" in the JSON.
     #[arg(long)]
     osu: bool,
+    /// What the messages are sent from and received into, compared round by round:
+    /// heap (ordinary memory, registered for RDMA per message) or pinned
+    /// (nemesis::Pinned buffers, whose registrations are kept). Named "buffers" in the
+    /// JSON.
+    #[arg(long, value_delimiter = ',', value_parser = buf_kind, default_value = "heap")]
+    buffers: Vec<measure::BufKind>,
+}
+
+fn buf_kind(s: &str) -> Result<measure::BufKind, String> {
+    match s.trim() {
+        "heap" => Ok(measure::BufKind::Heap),
+        "pinned" => Ok(measure::BufKind::Pinned),
+        other => Err(format!("{other:?}: expected heap or pinned")),
+    }
 }
 
 /// Bytes a bandwidth round aims to move.
@@ -549,7 +567,7 @@ fn strategy_arg(name: &str) -> Result<Option<nemesis::lmt::Strategy>> {
             .find(|s| s.name() == n)
             .map(Some)
             .ok_or_else(|| {
-                anyhow::anyhow!("--lmt {n}: expected auto, chunks, cma, cma-put, ring or vmsplice")
+                anyhow::anyhow!("--lmt {n}: expected auto, chunks, cma, cma-put, ring, vmsplice or rdma")
             }),
     }
 }
@@ -594,26 +612,37 @@ fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Result<()> {
             println!(
                 "# tcp: the same windows over a plain blocking TCP socket on loopback, same pair; /tcp = MB/s / tcp"
             );
-            println!("# the network transports move large messages in chunks; --lmt applies to shm");
+            println!(
+                "# the network transports move large messages in chunks, or by RDMA read where the netmod has it (rc, ud); of --lmt they take auto, chunks and rdma"
+            );
         }
         print!(
-            "# {:>7} {:>9} {:>9} {:>9} {:>10} {:>12} {:>6} {:>9}",
-            "size", "transport", "lmt", "used", "MB/s", "memcpy MB/s", "ratio", "probe ns"
+            "# {:>7} {:>9} {:>9} {:>9} {:>7} {:>10} {:>12} {:>6} {:>9}",
+            "size", "transport", "lmt", "used", "buffers", "MB/s", "memcpy MB/s", "ratio", "probe ns"
         );
         if net {
             print!(" {:>10} {:>6}", "tcp MB/s", "/tcp");
         }
         println!("  placement");
     }
-    // Per pair: the strategies it compares (the network moves large messages in chunks).
-    let plans: Vec<Vec<Option<nemesis::lmt::Strategy>>> = pairs
-        .iter()
+    // Per pair: the strategies it compares (between nodes: chunks, or RDMA read), each
+    // with every kind of buffer.
+    let plans: Vec<Vec<(Option<nemesis::lmt::Strategy>, measure::BufKind)>> = pairs
+        .iter_mut()
         .map(|p| {
-            if p.transport() == Transport::Shm {
+            let lmts: Vec<Option<nemesis::lmt::Strategy>> = if p.transport() == Transport::Shm {
                 lmts.clone()
             } else {
-                vec![None]
-            }
+                use nemesis::lmt::Strategy::{Chunks, Rdma};
+                let rdma = p.channel().rdma().is_some();
+                lmts.iter()
+                    .copied()
+                    .filter(|s| matches!(s, None | Some(Chunks)) || (rdma && *s == Some(Rdma)))
+                    .collect()
+            };
+            lmts.iter()
+                .flat_map(|&l| a.buffers.iter().map(move |&b| (l, b)))
+                .collect()
         })
         .collect();
     for &size in &a.sizes {
@@ -629,11 +658,18 @@ fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Result<()> {
                 let pair = &mut pairs[k];
                 let t = pair.transport().name();
                 pair.probe(2_000, 200, &mut probe[k])?;
-                for (i, &lmt) in plans[k].iter().enumerate() {
+                for (i, &(lmt, bufs)) in plans[k].iter().enumerate() {
                     let name = lmt.map_or("auto", |s| s.name());
-                    progress(&format!("bw {size} B {t} {name}: round {}/{}", r + 1, a.rounds));
+                    progress(&format!(
+                        "bw {size} B {t} {name} {}: round {}/{}",
+                        bufs.name(),
+                        r + 1,
+                        a.rounds
+                    ));
+                    pair.set_buffers(bufs);
                     secs[k][i].push(pair.stream_p2p(size, a.window, iters, warmup, lmt, a.osu)?);
                 }
+                pair.set_buffers(measure::BufKind::Heap);
                 if pair.transport() != Transport::Shm {
                     progress(&format!("bw {size} B plain tcp: round {}/{}", r + 1, a.rounds));
                     tcp_secs[k].push(pair.tcp_stream(size, a.window, iters, warmup)?);
@@ -650,7 +686,7 @@ fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Result<()> {
             let tcp =
                 (!tcp_secs[k].is_empty()).then(|| bytes / median(std::mem::take(&mut tcp_secs[k])) / 1e6);
             let transport = pair.transport().name();
-            for (i, &lmt) in plans[k].iter().enumerate() {
+            for (i, &(lmt, bufs)) in plans[k].iter().enumerate() {
                 let mb = bytes / median(std::mem::take(&mut secs[k][i])) / 1e6;
                 let name = lmt.map_or("auto", |s| s.name());
                 let (eager, medium) = limits[k];
@@ -666,6 +702,7 @@ fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Result<()> {
                         .s("lmt", name)
                         .s("used", used)
                         .s("recv_buffers", if a.osu { "one" } else { "distinct" })
+                        .s("buffers", bufs.name())
                         .f("mb_s", mb)
                         .f("memcpy_mb_s", memcpy)
                         .f("ratio", mb / memcpy)
@@ -678,7 +715,8 @@ fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Result<()> {
                     row.print();
                 } else {
                     print!(
-                        "{size:>9} {transport:>9} {name:>9} {used:>9} {mb:>10.0} {memcpy:>12.0} {:>6.2} {probe_ns:>9.0}",
+                        "{size:>9} {transport:>9} {name:>9} {used:>9} {:>7} {mb:>10.0} {memcpy:>12.0} {:>6.2} {probe_ns:>9.0}",
+                        bufs.name(),
                         mb / memcpy
                     );
                     match tcp {

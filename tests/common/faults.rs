@@ -1,0 +1,71 @@
+//! Faults in the middle of an exchange, as child processes of the multi-process tests
+//! run them over every transport.
+
+use nemesis::P2pError;
+use std::time::{Duration, Instant};
+
+/// Rank 0 starts a large send and exits part way through it, without a goodbye; rank
+/// 1's receive fails with the peer's failure within a bound set by
+/// `NEMESIS_FAILURE_TIMEOUT`, whatever strategy (`NEMESIS_LMT`) moves it. The message
+/// is `DIES_LEN` bytes (512 MiB by default); the sender dies `DIES_AFTER_MS`
+/// milliseconds (5 by default) after starting it.
+pub fn dies_mid_transfer() -> Result<(), String> {
+    let len: usize = std::env::var("DIES_LEN")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(512 << 20);
+    let after = Duration::from_millis(
+        std::env::var("DIES_AFTER_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(5),
+    );
+    let mut w = nemesis::init().map_err(|e| e.to_string())?;
+    let c = w.comm();
+    if w.rank() == 0 {
+        let data = vec![7u8; len];
+        let mut go = [0u8; 1];
+        w.recv(&c, 1, 9, &mut go).map_err(|e| e.to_string())?;
+        w.scope(|s| {
+            let mut r = s.isend(&c, 1, 1, &data).map_err(|e| e.to_string())?;
+            let t = Instant::now();
+            while t.elapsed() < after {
+                if s.test(&mut r).map_err(|e| e.to_string())? {
+                    return Err("the whole message moved before the sender could die".to_string());
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            std::process::exit(0)
+        })?;
+        return Ok(());
+    }
+    // From the sender's death, which comes `after` the wait begins at the earliest.
+    let limit = w.config().failure_check * 5 + Duration::from_secs(2) + after;
+    let mut buf = vec![0u8; len];
+    w.scope(|s| {
+        let r = s.irecv(&c, 0, 1, &mut buf).map_err(|e| e.to_string())?;
+        s.world().send(&c, 0, 9, &[1]).map_err(|e| e.to_string())?;
+        let t = Instant::now();
+        match s.wait(r) {
+            Err(P2pError::PeerFailed { rank: 0, reason }) if t.elapsed() < limit => {
+                println!(
+                    "receive failed: rank 0 failed ({reason}) after {:.2?}",
+                    t.elapsed()
+                );
+                Ok(())
+            }
+            Err(P2pError::Transfer { rank: 0, source }) if t.elapsed() < limit => {
+                println!(
+                    "receive failed: the transfer failed ({source}) after {:.2?}",
+                    t.elapsed()
+                );
+                Ok(())
+            }
+            Err(e) => Err(format!("unexpected error after {:.2?}: {e}", t.elapsed())),
+            Ok(st) => Err(format!(
+                "a receive of {} bytes completed from a dead sender",
+                st.status().len
+            )),
+        }
+    })
+}
