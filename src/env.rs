@@ -72,6 +72,11 @@ pub const KNOWN: &[(&str, Reader, &str)] = &[
         Reader::Library,
         "bytes per ring slot",
     ),
+    (
+        "NEMESIS_LMT_RDMA_MIN",
+        Reader::Library,
+        "smallest message to another node read by RDMA",
+    ),
     ("NEMESIS_NETMOD", Reader::Library, "network module"),
     (
         "NEMESIS_NO_SHM",
@@ -126,6 +131,17 @@ pub const KNOWN: &[(&str, Reader, &str)] = &[
         "NEMESIS_UD_RECV_DEPTH",
         Reader::Library,
         "ud receive slots posted",
+    ),
+    (
+        "NEMESIS_UD_RDMA",
+        Reader::Library,
+        "ud opens rc pairs on demand for RDMA",
+    ),
+    ("NEMESIS_RC_EAGER", Reader::Library, "bytes of an rc receive slot"),
+    (
+        "NEMESIS_RC_RECV_DEPTH",
+        Reader::Library,
+        "rc receive slots posted",
     ),
     (
         "NEMESIS_PMI_DEBUG",
@@ -257,6 +273,10 @@ mod tests {
             "NEMESIS_UD_MTU",
             "NEMESIS_UD_WINDOW",
             "NEMESIS_UD_RECV_DEPTH",
+            "NEMESIS_UD_RDMA",
+            "NEMESIS_RC_EAGER",
+            "NEMESIS_RC_RECV_DEPTH",
+            "NEMESIS_LMT_RDMA_MIN",
         ] {
             assert!(is_known(v), "{v}");
         }

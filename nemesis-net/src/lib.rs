@@ -208,10 +208,11 @@ pub fn open(
             udp::UdpConfig::from_lookup(get)?,
         )?)),
         #[cfg(feature = "verbs")]
-        "ud" => Ok(Box::new(verbs::ud::UdNetmod::new(
+        "ud" => Ok(Box::new(verbs::hybrid::Hybrid::new(
             id,
             cards,
             verbs::ud::UdConfig::from_lookup(get)?,
+            verbs::hybrid::Hybrid::rdma_config(get)?,
         )?)),
         #[cfg(feature = "verbs")]
         "rc" => Ok(Box::new(verbs::rc::RcNetmod::new(
@@ -237,7 +238,7 @@ pub fn check_config(get: &dyn Fn(&str) -> Option<String>) -> Result<(), NetError
     tcp::TcpConfig::from_lookup(get)?;
     udp::UdpConfig::from_lookup(get)?;
     #[cfg(feature = "verbs")]
-    verbs::ud::UdConfig::from_lookup(get)?;
+    verbs::hybrid::check_config(get)?;
     #[cfg(feature = "verbs")]
     verbs::rc::RcConfig::from_lookup(get)?;
     addr::choose(get, true)?;

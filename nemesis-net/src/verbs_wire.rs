@@ -91,6 +91,23 @@ pub fn decode_card_as(netmod: &str, rank: u32, card: &[u8]) -> Result<(UdAddr, u
     Ok((UdAddr { gid, qpn }, mtu))
 }
 
+/// A `ud` card followed, on a second line, by the `rc` card of the endpoint its RDMA
+/// pairs connect through (see `verbs::hybrid`).
+pub fn join_cards(ud: &[u8], rc: &[u8]) -> Vec<u8> {
+    let mut c = ud.to_vec();
+    c.push(b'\n');
+    c.extend_from_slice(rc);
+    c
+}
+
+/// A `ud` card's own part, and the `rc` card after it if there is one.
+pub fn split_card(card: &[u8]) -> (&[u8], Option<&[u8]>) {
+    match card.iter().position(|&b| b == b'\n') {
+        Some(i) => (&card[..i], Some(&card[i + 1..])),
+        None => (card, None),
+    }
+}
+
 /// The GID of an IPv4 address as RoCE v2 maps it: `::ffff:a.b.c.d`.
 pub fn mapped(ip: [u8; 4]) -> [u8; 16] {
     let mut g = [0u8; 16];

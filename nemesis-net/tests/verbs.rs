@@ -42,6 +42,8 @@ fn addr() -> IpAddr {
 /// rc card names (rc's takes connection requests).
 fn inject(card: &[u8], junk: &[u8]) {
     let name = if card.starts_with(b"rc ") { "rc" } else { "ud" };
+    // A ud card carries its RDMA side's card on a second line.
+    let (card, _) = nemesis_net::verbs_wire::split_card(card);
     let (to, _) = decode_card_as(name, 1, card).unwrap();
     let mut ep = UdEndpoint::open(&UdConfig::default(), addr()).unwrap();
     assert!(ep.send_to(&[junk], to).unwrap());
@@ -256,4 +258,77 @@ fn an_unset_gid_is_named() {
         }
         other => panic!("expected a missing GID, got {other:?}"),
     }
+}
+
+/// ud's RDMA side: no pair until a read needs one, then one to that peer only; the
+/// sender's buffer registered for reading only; and none of it with `NEMESIS_UD_RDMA=0`.
+#[test]
+fn ud_reads_over_a_pair_made_for_that_peer_only() {
+    use nemesis_net::rdma::{RdmaError, Seg};
+    if !here() {
+        return;
+    }
+    let off = suite::job(&UD, 2, &[("NEMESIS_UD_RDMA", "0")]);
+    assert!(off.into_iter().all(|mut m| m.rdma().is_none()));
+
+    let mut nms = suite::job(&UD, 3, &[]);
+    // Small packets between every two: datagrams only.
+    let end = Instant::now() + Duration::from_secs(30);
+    let mut got = 0;
+    for from in 0..3u32 {
+        for to in (0..3u32).filter(|&t| t != from) {
+            while nms[from as usize].send(to, &[0, 0], &[b"small"]).unwrap() != nemesis_net::Accept::Sent {
+                assert!(Instant::now() < end, "a datagram was never taken");
+                for m in &mut nms {
+                    m.poll(&mut |_, _, _| {}).unwrap();
+                }
+            }
+        }
+    }
+    while got < 6 {
+        assert!(Instant::now() < end, "the datagrams never came");
+        for m in &mut nms {
+            got += m.poll(&mut |_, _, _| {}).unwrap();
+        }
+    }
+    assert!(
+        nms.iter().all(|m| m.stats().rdma_pairs == 0),
+        "a pair before any RDMA"
+    );
+
+    let theirs: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+    let treg = nms[1]
+        .rdma()
+        .expect("ud offers RDMA")
+        .register_read(Seg::of(&theirs))
+        .unwrap();
+    let mut mine = vec![0u8; theirs.len()];
+    let seg = Seg::of_mut(&mut mine);
+    let mreg = nms[0].rdma().unwrap().register(seg).unwrap();
+    // The first tries find the pair connecting: "again" while every rank polls.
+    let op = loop {
+        assert!(Instant::now() < end, "the pair never connected");
+        // SAFETY: `mine` is registered, live and untouched until the get completes.
+        match unsafe { nms[0].rdma().unwrap().get(1, seg, &mreg, treg.remote) } {
+            Ok(op) => break op,
+            Err(RdmaError::Again { .. }) => {
+                for m in &mut nms {
+                    m.poll(&mut |_, _, _| {}).unwrap();
+                }
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    while !nms[0].rdma().unwrap().test(op).unwrap() {
+        assert!(Instant::now() < end, "the read never completed");
+        for m in &mut nms[1..] {
+            m.poll(&mut |_, _, _| {}).unwrap();
+        }
+    }
+    assert!(mine == theirs, "the read moved the wrong bytes");
+    let pairs: Vec<u64> = nms.iter().map(|m| m.stats().rdma_pairs).collect();
+    assert_eq!(pairs, [1, 1, 0], "one pair, between the two ranks that needed it");
+    assert_eq!(nms[0].stats().rdma_bytes, theirs.len() as u64);
+    nms[0].rdma().unwrap().deregister(&mreg);
+    nms[1].rdma().unwrap().deregister(&treg);
 }

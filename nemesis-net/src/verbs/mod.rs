@@ -9,6 +9,8 @@
 //!   `ud` netmod is [`crate::reliable`] over it, the same code as `udp`.
 //! - [`rc`]: one RC queue pair per peer, connected on first contact through a UD
 //!   endpoint, one shared receive queue; the device's own reliability.
+//! - [`hybrid`]: `ud` as a job opens it: [`ud`]'s datagrams, and an [`rc`] netmod beside
+//!   them for RDMA only, its pairs made for the peers large messages are read from.
 //!
 //! Variables (every rank must use the same values):
 //!
@@ -19,6 +21,7 @@
 //!   of the job's address (`NEMESIS_NET_ADDR`), else the first RoCE v2 GID that maps an
 //!   IPv4 address, else (InfiniBand) index 0.
 
+pub mod hybrid;
 pub mod raw;
 pub mod rc;
 pub mod ud;
