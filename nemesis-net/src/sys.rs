@@ -70,6 +70,20 @@ pub fn millis(t: Duration) -> libc::c_int {
     libc::c_int::try_from(t.as_micros().div_ceil(1000)).unwrap_or(libc::c_int::MAX)
 }
 
+/// The monotonic clock in nanoseconds, read directly: what `Instant::elapsed` gives,
+/// without its checked subtraction, for a transport that reads the clock on every poll.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(ts.tv_nsec as u64)
+}
+
 /// A socket address in the form the kernel takes, with its length.
 pub(crate) struct RawAddr {
     storage: libc::sockaddr_storage,

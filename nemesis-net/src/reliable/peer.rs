@@ -2,6 +2,7 @@
 //! and timers, and the receiving side's expected number, held segments and reassembly.
 
 use super::config::Tuned;
+use super::spare::Spare;
 use super::wire::Start;
 use crate::Envelope;
 use std::collections::VecDeque;
@@ -196,7 +197,7 @@ impl<A: Copy> Peer<A> {
     }
 
     /// Takes an acknowledgement of `n` more segments.
-    pub(super) fn acked(&mut self, n: u32, now: u64, t: &Tuned, backlog: &mut usize) {
+    pub(super) fn acked(&mut self, n: u32, now: u64, t: &Tuned, backlog: &mut usize, spare: &mut Spare) {
         if n == 0 {
             return;
         }
@@ -205,7 +206,10 @@ impl<A: Copy> Peer<A> {
         for _ in 0..n {
             match self.queue.pop_front() {
                 // Karn: a segment sent more than once gives no sample.
-                Some(seg) => sample = (seg.sends == 1).then(|| now.saturating_sub(seg.sent_at)),
+                Some(seg) => {
+                    sample = (seg.sends == 1).then(|| now.saturating_sub(seg.sent_at));
+                    spare.give(seg.data);
+                }
                 None => break,
             }
         }
@@ -221,7 +225,7 @@ impl<A: Copy> Peer<A> {
         self.rto_cur = self.rto;
         self.progress_at = now;
         if self.queue.is_empty() {
-            self.queue = VecDeque::new();
+            spare.take_queue(&mut self.queue);
         }
     }
 

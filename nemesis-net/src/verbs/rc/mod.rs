@@ -722,6 +722,20 @@ impl RcNetmod {
         }
     }
 
+    /// Whether something is under way that polls move on: a connection being made, a
+    /// one-sided operation or a send not yet complete, completions taken and not
+    /// handled. Otherwise only a peer's connection request can come, which a poll now
+    /// and then finds in time (requests are resent every 50 ms).
+    pub fn busy(&self) -> bool {
+        !self.stash.is_empty()
+            || !self.ops.is_empty()
+            || self
+                .peers
+                .iter()
+                .flatten()
+                .any(|p| matches!(p.link, Link::Connecting { .. }) || !p.posted.is_empty())
+    }
+
     /// Whether a poll has work now, without sleeping.
     fn look(&mut self) -> Result<bool, NetError> {
         if !self.stash.is_empty() {
