@@ -3,11 +3,12 @@
 //!
 //! The get mode that CMA uses between local processes, with the card doing the copy:
 //! the sender registers its buffer for reading only and ships one key per piece in its
-//! RTS ([`encode`]); the receiver registers its own buffer, posts reads of at most
-//! [`RDMA_STEP`] bytes, [`RDMA_DEPTH`] at a time, and sends DONE once they are all
-//! complete; the sender deregisters on DONE. Registrations belong to the transfer (an
-//! [`Xfer`] on each side) and end with it, so nothing is left registered behind a buffer
-//! its owner may free.
+//! RTS (read back by [`decode`]); the receiver registers its own buffer, posts reads of
+//! at most [`RDMA_STEP`] bytes, [`RDMA_DEPTH`] at a time, and sends DONE once they are
+//! all complete; the sender deregisters on DONE. Registrations belong to the transfer
+//! (an [`Xfer`] on each side) and end with it, so nothing is left registered behind a
+//! buffer its owner may free, except a [`Pinned`](nemesis_net::pinned::Pinned) buffer's,
+//! which [`crate::RegCache`] keeps.
 
 use crate::regcache::RegCache;
 use crate::{LmtError, Role, Seg, Strategy, Xfer};
