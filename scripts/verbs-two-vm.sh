@@ -4,11 +4,13 @@
 # verbs netmod $VERBS_NETMOD (ud or rc) between them: hello, a ring of $VERBS_RING_LAPS
 # laps (100), and unless VERBS_STRESS=0 the two-sided stress test (the test binary in
 # $VERBS_JOB_BIN). VM A starts the jobs with nemesis-run;
-# VM B serves their launches.
+# VM B serves their launches. VERBS_UD_RDMA=0 turns ud's RDMA side off
+# (NEMESIS_UD_RDMA), so that every byte goes through the reliability layer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 netmod=${VERBS_NETMOD:-ud}
 export NEMESIS_NETMOD=$netmod NEM_TEST_CHILD=1 STRESS_SEED=31 STRESS_ROUNDS=8
+export NEMESIS_UD_RDMA=${VERBS_UD_RDMA:-1}
 if [ "$RXE_VM_ROLE" = B ]; then
     exec scripts/vm-launcher.sh --serve
 fi
@@ -38,4 +40,8 @@ expect ring "$laps laps of 4 ranks" 1 "$out"
 if [ "${VERBS_STRESS:-1}" = 1 ]; then
     out=$(job "${VERBS_JOB_BIN:?}" --exact child_stress --ignored --nocapture --test-threads=1)
     expect "stress test" "messages checked" 4 "$out"
+    if [ "$netmod" = rc ] || [ "$NEMESIS_UD_RDMA" = 1 ]; then
+        # Its messages from 70,000 bytes up went by RDMA read, on every rank.
+        expect "stress test by RDMA" "rdma moved [1-9]" 4 "$out"
+    fi
 fi
