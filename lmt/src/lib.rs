@@ -159,12 +159,17 @@ impl Strategies {
     /// The set without the strategies whose RTS names the sender's pages.
     #[must_use]
     pub fn without_in_place(self) -> Self {
-        self.without(Strategy::Cma).without(Strategy::Rdma)
+        Strategy::ALL
+            .into_iter()
+            .filter(|s| s.offered_in_place())
+            .fold(self, Strategies::without)
     }
 
     /// Whether the set names the sender's pages.
     pub fn has_in_place(self) -> bool {
-        self.has(Strategy::Cma) || self.has(Strategy::Rdma)
+        Strategy::ALL
+            .into_iter()
+            .any(|s| s.offered_in_place() && self.has(s))
     }
 }
 

@@ -15,7 +15,6 @@ pub struct RegCache {
     kept: Vec<Kept>,
     /// [`pinned::generation`] when gone buffers were last looked for.
     seen: u64,
-    hits: u64,
 }
 
 #[derive(Debug)]
@@ -52,7 +51,6 @@ impl RegCache {
         let k = &mut self.kept[i];
         let slot = if write { &mut k.write } else { &mut k.read };
         if let Some(r) = slot {
-            self.hits += 1;
             return Some(Ok(*r));
         }
         let whole = Seg {
@@ -83,20 +81,5 @@ impl RegCache {
             }
             live
         });
-    }
-
-    /// Registrations found kept rather than made, so far.
-    pub fn hits(&self) -> u64 {
-        self.hits
-    }
-
-    /// Buffers with registrations kept now.
-    pub fn len(&self) -> usize {
-        self.kept.len()
-    }
-
-    /// Whether nothing is kept.
-    pub fn is_empty(&self) -> bool {
-        self.kept.is_empty()
     }
 }

@@ -1,10 +1,10 @@
 //! Large messages between nodes by RDMA read, over the in-memory RDMA of the test kit:
 //! which messages take it, what a refused registration or a bad key does.
 
+use super::tests::raw_rts;
 use super::*;
-use crate::channel::{Channel, Header};
 use crate::testkit::{RdmaCounters, job_nodes_full, pattern};
-use nemesis_lmt::{LmtError, Strategies, Strategy};
+use nemesis_lmt::{LmtError, Strategy};
 use nemesis_net::rdma::Remote;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -116,21 +116,6 @@ fn below_the_threshold_or_with_registration_refused_messages_go_by_packets_intac
     assert_eq!(c.read.load(Ordering::Relaxed), 0);
 }
 
-/// An RTS offering RDMA with `cookie`, as a broken or hostile peer might send it.
-fn raw_rdma_rts(w: &mut World, dest: u32, send_id: u32, total: u64, cookie: &[u8]) {
-    let mut p = total.to_le_bytes().to_vec();
-    p.push(Strategies::CHUNKS.with(Strategy::Rdma).0);
-    p.extend_from_slice(cookie);
-    let h = Header {
-        kind: super::wire::RTS,
-        context: 0,
-        tag: 5,
-        aux: send_id,
-        flags: 0,
-    };
-    w.channel_mut().send_bytes(dest, h, &p).unwrap();
-}
-
 #[test]
 fn a_key_to_memory_never_registered_or_of_the_wrong_length_fails_that_receive_only() {
     let c = Arc::new(RdmaCounters::default());
@@ -150,9 +135,9 @@ fn a_key_to_memory_never_registered_or_of_the_wrong_length_fails_that_receive_on
                 );
                 k
             };
-            raw_rdma_rts(&mut w, 1, 2001, len, &key(0xdead, len));
-            raw_rdma_rts(&mut w, 1, 2002, len, &key(0xdead, len - 1));
-            raw_rdma_rts(&mut w, 1, 2003, len, &[3, 1, 2]);
+            raw_rts(&mut w, 1, 2001, len, Strategy::Rdma, &key(0xdead, len));
+            raw_rts(&mut w, 1, 2002, len, Strategy::Rdma, &key(0xdead, len - 1));
+            raw_rts(&mut w, 1, 2003, len, Strategy::Rdma, &[3, 1, 2]);
             let mut go = [0u8; 1];
             w.recv(&comm, 1, 9, &mut go).unwrap();
             w.send(&comm, 1, 5, &pattern(7, len as usize)).unwrap();

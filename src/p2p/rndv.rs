@@ -133,9 +133,7 @@ impl Rndv {
             Some(Req::Send(s)) if s.dest == src && matches!(s.state, SState::WaitCts) => {
                 // A CTS means the receiver does not read in place: what the offer
                 // holds for that can go.
-                if let Some(h) = s.held.take() {
-                    self.retired.push(*h);
-                }
+                self.retired.extend(s.held.take().map(|h| *h));
                 if strategy == Strategy::Chunks {
                     s.state = SState::Push { recv_id, off: 0 };
                     self.pushing.push(send_id);
@@ -212,9 +210,7 @@ impl Rndv {
                 if let SState::Lmt { x, .. } = std::mem::replace(&mut s.state, SState::Done) {
                     self.retired.push(*x);
                 }
-                if let Some(h) = s.held.take() {
-                    self.retired.push(*h);
-                }
+                self.retired.extend(s.held.take().map(|h| *h));
                 if status != OK {
                     s.result = Some(Err(Box::new(P2pError::RemoteTransfer {
                         rank: s.comm.rank_of(src).unwrap_or(src),
@@ -290,9 +286,7 @@ impl Rndv {
             && s.dest == src
         {
             s.offered = s.offered.without_in_place();
-            if let Some(h) = s.held.take() {
-                self.retired.push(*h);
-            }
+            self.retired.extend(s.held.take().map(|h| *h));
         }
     }
 

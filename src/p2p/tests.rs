@@ -895,16 +895,12 @@ fn every_strategy_survives_dropped_sends_and_receives() {
     }
 }
 
-/// A raw RTS as a broken or hostile peer might send it: `total` bytes, offering CMA
-/// with the pieces in `pieces`.
-fn raw_cma_rts(w: &mut World, dest: u32, send_id: u32, total: u64, pieces: &[(u64, u64)]) {
+/// A raw RTS as a broken or hostile peer might send it: `total` bytes, offering
+/// chunks and `s` with `cookie`, tag 5.
+pub(super) fn raw_rts(w: &mut World, dest: u32, send_id: u32, total: u64, s: Strategy, cookie: &[u8]) {
     let mut p = total.to_le_bytes().to_vec();
-    p.push(Strategies::CHUNKS.with(Strategy::Cma).0);
-    p.extend_from_slice(&(pieces.len() as u32).to_le_bytes());
-    for &(a, l) in pieces {
-        p.extend_from_slice(&a.to_le_bytes());
-        p.extend_from_slice(&l.to_le_bytes());
-    }
+    p.push(Strategies::CHUNKS.with(s).0);
+    p.extend_from_slice(cookie);
     let h = crate::channel::Header {
         kind: super::wire::RTS,
         context: 0,
@@ -913,6 +909,16 @@ fn raw_cma_rts(w: &mut World, dest: u32, send_id: u32, total: u64, pieces: &[(u6
         flags: 0,
     };
     w.channel_mut().send_bytes(dest, h, &p).unwrap();
+}
+
+/// A raw RTS offering CMA with the pieces in `pieces`.
+fn raw_cma_rts(w: &mut World, dest: u32, send_id: u32, total: u64, pieces: &[(u64, u64)]) {
+    let mut cookie = (pieces.len() as u32).to_le_bytes().to_vec();
+    for &(a, l) in pieces {
+        cookie.extend_from_slice(&a.to_le_bytes());
+        cookie.extend_from_slice(&l.to_le_bytes());
+    }
+    raw_rts(w, dest, send_id, total, Strategy::Cma, &cookie);
 }
 
 use nemesis_lmt::Strategies;

@@ -154,11 +154,6 @@ impl Hybrid {
         Ok(Some(c))
     }
 
-    /// Whether the RDMA side is open.
-    pub fn has_rdma(&self) -> bool {
-        self.rc.is_some()
-    }
-
     /// The RDMA side, if a poll is to look at it now: while it has something under
     /// way, when a wait saw it ready, else once in [`RDMA_IDLE_POLL`] polls.
     fn rdma_due(&mut self) -> Option<&mut RcNetmod> {
@@ -211,15 +206,12 @@ impl Netmod for Hybrid {
     }
 
     fn wait(&mut self, timeout: Duration) -> Result<bool, NetError> {
-        if self.rc.is_none() {
+        let Some(rc) = self.rc.as_mut() else {
             return self.ud.wait(timeout);
-        }
+        };
         if self.ud.wait(Duration::ZERO)? {
             return Ok(true);
         }
-        let Some(rc) = self.rc.as_mut() else {
-            return Ok(false);
-        };
         if timeout.is_zero() {
             // A spinning waiter: the RDMA side only while it has something under way
             // (the polls look at it now and then regardless).
@@ -340,6 +332,24 @@ mod tests {
             Hybrid::rdma_config(|k| (k == RDMA_VAR).then(|| "yes".into())),
             Err(NetError::Config { var: RDMA_VAR, .. })
         ));
+    }
+
+    #[test]
+    fn each_side_reads_its_line_of_the_card_and_a_card_without_an_rdma_line_is_named() {
+        let cards: Vec<Vec<u8>> = vec![join_cards(b"ud a", b"rc b"), b"ud c".to_vec()];
+        let source: Source = Arc::new(Mutex::new(Box::new(cards)));
+        let mut ud = Side {
+            source: source.clone(),
+            rdma: false,
+        };
+        let mut rc = Side { source, rdma: true };
+        assert_eq!(ud.card(0).unwrap(), b"ud a");
+        assert_eq!(rc.card(0).unwrap(), b"rc b");
+        assert_eq!(ud.card(1).unwrap(), b"ud c");
+        match rc.card(1) {
+            Err(NetError::BadCard { rank: 1, reason }) => assert!(reason.contains(RDMA_VAR), "{reason}"),
+            other => panic!("expected a bad card, got {other:?}"),
+        }
     }
 
     #[test]
