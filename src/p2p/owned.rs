@@ -494,7 +494,7 @@ impl<C: Channel> World<C> {
     /// the progress error (the request is let go).
     pub fn wait<B: OwnedBuf>(&mut self, r: OwnedRequest<B>) -> Result<(Status, B), P2pError> {
         self.check_request(&r)?;
-        let mut idle = Idle::new();
+        let mut idle = self.core.idle();
         let ids = [r.id];
         while !r.is_complete() {
             self.progress()?;
@@ -561,7 +561,7 @@ impl<C: Channel> World<C> {
             return Err(P2pError::NoActiveRequest);
         }
         let mut out = Vec::new();
-        let mut idle = Idle::new();
+        let mut idle = self.core.idle();
         loop {
             if set.collect(&mut out, most) > 0 {
                 return Ok(out);
@@ -633,7 +633,7 @@ impl<C: Channel> World<C> {
         for id in self.owned_ids() {
             if self.eng.holds_in_place(id) {
                 // The peer may still write or read these pages: wait as a release does.
-                let mut idle = Idle::new();
+                let mut idle = self.core.idle();
                 while self.eng.holds_in_place(id) {
                     if self.progress().is_err() {
                         break;

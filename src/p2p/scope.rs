@@ -13,7 +13,6 @@ use super::comm::Comm;
 use super::requests::Bufs;
 use super::{P2pError, Status, World};
 use crate::channel::Channel;
-use crate::progress::Idle;
 use nemesis_lmt::Seg;
 use std::cell::{RefCell, RefMut};
 use std::marker::PhantomData;
@@ -440,7 +439,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         for r in rs.iter() {
             Self::check_world(&w, r)?;
         }
-        let mut idle = Idle::new();
+        let mut idle = w.core.idle();
         loop {
             if let Some(i) = rs.iter().position(|r| Self::is_complete(&w, r)) {
                 let r = rs.remove(i);

@@ -471,7 +471,7 @@ impl<C: Channel> World<C> {
         busy: bool,
         mut done: impl FnMut(&mut Self) -> bool,
     ) -> Result<(), P2pError> {
-        let mut idle = Idle::new();
+        let mut idle = self.core.idle();
         let me = self.rank();
         loop {
             if done(self) {
@@ -500,7 +500,7 @@ impl<C: Channel> World<C> {
     /// request is looked at until it is complete and then never again, so the wait costs
     /// time linear in the number of requests.
     pub(crate) fn wait_all_ids(&mut self, ids: &[u32]) -> Result<(), P2pError> {
-        let mut idle = Idle::new();
+        let mut idle = self.core.idle();
         let mut next = 0;
         loop {
             while next < ids.len() && self.eng.reqs.finished(ids[next]) {
@@ -950,7 +950,7 @@ impl<C: Channel> World<C> {
         tag: Option<i32>,
         f: &mut Fresh<'_>,
     ) -> Result<Found, P2pError> {
-        let mut idle = Idle::new();
+        let mut idle = self.core.idle();
         let mut round = 0u32;
         // Only a local source has a fastbox to look in.
         let boxed = src.filter(|&s| s != self.rank() && self.core.ch.is_local(s));
@@ -987,7 +987,7 @@ impl<C: Channel> World<C> {
             self.settle()?;
             if progressed && f.arriving.is_some() {
                 // A medium message is on its way: its next packets are close behind.
-                idle = Idle::new();
+                idle = self.core.idle();
                 continue;
             }
             let what = || describe_recv(c, src, tag);
@@ -1142,7 +1142,7 @@ impl<C: Channel> World<C> {
         let (src, tag) = (src.into(), tag.into());
         let c = self.check_comm(comm)?.clone();
         let src_w = Self::src_sel(&c, src)?;
-        let mut idle = Idle::new();
+        let mut idle = self.core.idle();
         loop {
             if let Some(s) = self.iprobe(comm, src, tag)? {
                 return Ok(s);

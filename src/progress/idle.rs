@@ -5,13 +5,18 @@ use std::time::{Duration, Instant};
 
 /// Polls a blocked call makes back to back before it waits the channel's way (spinning on
 /// readiness, yielding, sleeping): a reply that comes within a few microseconds is picked
-/// up without a clock read or a readiness check on the way.
+/// up without a clock read or a readiness check on the way. Fewer when the wait policy
+/// spins less ([`crate::progress::Core::tight_polls`]): a process that outnumbers the
+/// CPUs and polls 256 times keeps the one that would answer off its CPU for tens of
+/// microseconds.
 pub(crate) const TIGHT_POLLS: u32 = 256;
 
 /// What one blocked call has done so far.
 #[derive(Debug)]
 pub(crate) struct Idle {
     pub(crate) polls: u32,
+    /// Polls to make back to back before waiting.
+    tight: u32,
     since: Option<Instant>,
     last_check: Option<Instant>,
     warned: bool,
@@ -27,9 +32,11 @@ pub(crate) enum Tick {
 }
 
 impl Idle {
-    pub(crate) const fn new() -> Self {
+    /// A blocked call's clock that polls `tight` times back to back before it waits.
+    pub(crate) const fn new(tight: u32) -> Self {
         Self {
             polls: 0,
+            tight,
             since: None,
             last_check: None,
             warned: false,
@@ -40,7 +47,7 @@ impl Idle {
     #[inline(always)]
     pub(crate) fn tight(&mut self) -> bool {
         self.polls += 1;
-        self.polls < TIGHT_POLLS
+        self.polls < self.tight
     }
 
     /// After the call has waited: whether the peers are due a check, and whether the
@@ -68,5 +75,23 @@ impl Idle {
     /// How long the call has waited since its first wait.
     pub(crate) fn waited(&self) -> Duration {
         self.since.map_or(Duration::ZERO, |s| s.elapsed())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tight_polls_stop_at_the_limit() {
+        let mut idle = Idle::new(3);
+        assert!(idle.tight());
+        assert!(idle.tight());
+        assert!(!idle.tight(), "the third empty poll waits");
+        let mut none = Idle::new(0);
+        assert!(
+            !none.tight(),
+            "a policy without spins waits after the first empty poll"
+        );
     }
 }

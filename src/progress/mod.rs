@@ -108,6 +108,9 @@ pub struct Core<C: Channel> {
     /// Whether a waiter that must keep polling spins (every local process has a CPU) or
     /// yields (they outnumber the CPUs).
     spin_pause: bool,
+    /// Polls a blocked call makes back to back before it waits ([`idle::TIGHT_POLLS`],
+    /// or the policy's spins if fewer).
+    tight_polls: u32,
 }
 
 impl<C: Channel> Core<C> {
@@ -135,7 +138,14 @@ impl<C: Channel> Core<C> {
             ch,
             cfg,
             spin_pause: policy.spin >= 1000,
+            tight_polls: policy.spin.min(idle::TIGHT_POLLS),
         })
+    }
+
+    /// A clock for a blocked call, which polls back to back as the wait policy allows.
+    #[inline]
+    pub(crate) fn idle(&self) -> Idle {
+        Idle::new(self.tight_polls)
     }
 
     /// Our rank.
@@ -360,7 +370,7 @@ pub(crate) fn drive_until<D: Driven>(
     mut done: impl FnMut(&mut D) -> bool,
 ) -> Result<bool, D::Error> {
     let deadline = timeout.map(|t| Instant::now() + t);
-    let mut idle = Idle::new();
+    let mut idle = d.core_mut().idle();
     loop {
         if done(d) {
             return Ok(true);
