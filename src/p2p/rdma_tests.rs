@@ -178,6 +178,8 @@ fn pinned_buffers_are_registered_once_and_every_other_registration_ends_with_its
                 w.send(&comm, 1, 0, &pattern(i, len)).unwrap();
             }
             w.barrier(&comm).unwrap();
+            // Rank 1 counts between these two barriers, before our next registration.
+            w.barrier(&comm).unwrap();
             let mut p = Pinned::new(len).unwrap();
             for i in 0..3 {
                 p.copy_from_slice(&pattern(10 + i, len));
@@ -206,6 +208,7 @@ fn pinned_buffers_are_registered_once_and_every_other_registration_ends_with_its
                 0,
                 "a registration outlived its transfer"
             );
+            w.barrier(&comm).unwrap();
             let mut into = Pinned::new(len).unwrap();
             for i in 0..3 {
                 w.recv(&comm, 0, 1, &mut into).unwrap();
