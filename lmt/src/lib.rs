@@ -38,7 +38,7 @@ mod stream;
 
 pub use local::LocalLmt;
 pub use nemesis_shm::ring::Seg;
-pub use policy::Policy;
+pub use policy::{AutoBands, AutoOrder, Policy};
 pub use regcache::RegCache;
 pub use routes::Routes;
 

@@ -1,5 +1,11 @@
 //! Which strategy a transfer uses: automatic by availability and size, or forced with
 //! `NEMESIS_LMT` for benchmarking.
+//!
+//! Which strategy is fastest depends on the machine: on a Zen 5 guest the copy ring moved
+//! three times what CMA did at every size, on an Intel Xeon guest CMA moved 1.3–1.8 times
+//! what the ring did up to 1 MiB and the ring won from 4 MiB (BENCHMARKS.md). So the
+//! automatic order can change with the size (`NEMESIS_LMT_AUTO=cma,ring;4M:ring,cma`),
+//! and `nemesis-bench calibrate` measures a machine and prints the value to set.
 
 use crate::{LmtError, Strategy};
 use nemesis_shm::ring::RingGeometry;
@@ -33,6 +39,9 @@ pub const DEFAULT_RDMA_MIN: usize = 64 << 10;
 
 /// The most strategies an automatic order names.
 const AUTO_MAX: usize = 4;
+
+/// The most size bands an automatic selection has.
+pub const AUTO_BANDS_MAX: usize = 8;
 
 /// The order automatic selection tries strategies in (chunks, the fallback, after them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +82,132 @@ impl Default for AutoOrder {
     }
 }
 
+impl std::fmt::Display for AutoOrder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, s) in self.as_slice().iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            f.write_str(s.name())?;
+        }
+        Ok(())
+    }
+}
+
+/// Automatic orders by message size: each band's order holds from its first size up to
+/// the next band's (`NEMESIS_LMT_AUTO`, written `ORDER[;SIZE:ORDER]...`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AutoBands {
+    /// (first size, order), by increasing size; the first band starts at 0.
+    bands: [(usize, AutoOrder); AUTO_BANDS_MAX],
+    len: usize,
+}
+
+impl AutoBands {
+    /// Bands from `(first size, order)` pairs; `None` unless the first starts at 0, the
+    /// sizes increase and there are at most [`AUTO_BANDS_MAX`].
+    pub fn new(bands: &[(usize, AutoOrder)]) -> Option<Self> {
+        if bands.is_empty() || bands.len() > AUTO_BANDS_MAX || bands[0].0 != 0 {
+            return None;
+        }
+        if bands.windows(2).any(|w| w[1].0 <= w[0].0) {
+            return None;
+        }
+        let mut b = [(0, AutoOrder::default()); AUTO_BANDS_MAX];
+        b[..bands.len()].copy_from_slice(bands);
+        Some(Self {
+            bands: b,
+            len: bands.len(),
+        })
+    }
+
+    /// One order for every size.
+    pub fn single(order: AutoOrder) -> Self {
+        Self::new(&[(0, order)]).expect("one band from 0")
+    }
+
+    /// The order for a message of `len` bytes.
+    pub fn order_for(&self, len: usize) -> &AutoOrder {
+        let bands = &self.bands[..self.len];
+        let i = bands.iter().rposition(|&(from, _)| from <= len).unwrap_or(0);
+        &bands[i].1
+    }
+
+    /// The bands, by increasing first size.
+    pub fn as_slice(&self) -> &[(usize, AutoOrder)] {
+        &self.bands[..self.len]
+    }
+
+    /// Reads the `ORDER[;SIZE:ORDER]...` form of `NEMESIS_LMT_AUTO`.
+    fn parse(v: &str) -> Result<Self, String> {
+        let mut bands = Vec::new();
+        for (i, part) in v.split(';').enumerate() {
+            let (from, order) = match part.split_once(':') {
+                None if i == 0 => (0, part),
+                None => {
+                    return Err(format!(
+                        "band {part:?} needs the size it starts at, as in 4M:ring"
+                    ));
+                }
+                Some(_) if i == 0 => return Err("the first band starts at 0 and takes no size".into()),
+                Some((size, order)) => {
+                    let from = nemesis_shm::config::parse_size(size.trim())
+                        .and_then(|n| usize::try_from(n).ok())
+                        .ok_or_else(|| format!("{:?} is not a size such as 4M", size.trim()))?;
+                    (from, order)
+                }
+            };
+            let order = order
+                .split(',')
+                .map(|n| {
+                    let n = n.trim().to_ascii_lowercase();
+                    Strategy::ALL
+                        .into_iter()
+                        .find(|s| s.name() == n && !matches!(s, Strategy::Chunks | Strategy::Rdma))
+                        .ok_or_else(|| {
+                            "expected strategies from cma, cma-put, ring and vmsplice, best first, \
+                             such as ring,cma, optionally by size, such as cma,ring;4M:ring,cma"
+                                .to_string()
+                        })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let order = AutoOrder::new(&order).ok_or("each strategy at most once in a band")?;
+            bands.push((from, order));
+        }
+        Self::new(&bands).ok_or_else(|| {
+            format!("band sizes must increase, and there may be at most {AUTO_BANDS_MAX} bands")
+        })
+    }
+}
+
+impl Default for AutoBands {
+    fn default() -> Self {
+        Self::single(AutoOrder::default())
+    }
+}
+
+impl std::fmt::Display for AutoBands {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (from, order)) in self.as_slice().iter().enumerate() {
+            if i > 0 {
+                write!(f, ";{}:", size_name(*from))?;
+            }
+            write!(f, "{order}")?;
+        }
+        Ok(())
+    }
+}
+
+/// `n` bytes as the shortest exact size `parse_size` reads back (4M, 192K, 1000).
+fn size_name(n: usize) -> String {
+    for (shift, unit) in [(30, "G"), (20, "M"), (10, "K")] {
+        if n >= 1 << shift && n % (1 << shift) == 0 {
+            return format!("{}{unit}", n >> shift);
+        }
+    }
+    n.to_string()
+}
+
 /// Bytes one CMA system call moves at most, so a huge transfer leaves room for other
 /// traffic between calls.
 pub const CMA_STEP: usize = 4 << 20;
@@ -84,8 +219,8 @@ pub struct Policy {
     pub force: Option<Strategy>,
     /// Shape of each copy ring (`NEMESIS_LMT_RING_SLOTS`, `NEMESIS_LMT_RING_SLOT_SIZE`).
     pub ring: RingGeometry,
-    /// What automatic selection tries, best first (`NEMESIS_LMT_AUTO`).
-    pub auto: AutoOrder,
+    /// What automatic selection tries, best first, by size (`NEMESIS_LMT_AUTO`).
+    pub auto: AutoBands,
     /// From how many bytes a message to another node goes by RDMA read, or `None` for
     /// never (`NEMESIS_LMT_RDMA_MIN`).
     pub rdma_min: Option<usize>,
@@ -96,7 +231,7 @@ impl Default for Policy {
         Self {
             force: None,
             ring: DEFAULT_RING,
-            auto: AutoOrder::default(),
+            auto: AutoBands::default(),
             rdma_min: Some(DEFAULT_RDMA_MIN),
         }
     }
@@ -107,7 +242,7 @@ impl Policy {
     /// fallback, after them).
     pub fn auto_order(&self, len: usize) -> &[Strategy] {
         if len >= AUTO_CMA_MIN {
-            self.auto.as_slice()
+            self.auto.order_for(len).as_slice()
         } else {
             &[]
         }
@@ -151,22 +286,11 @@ impl Policy {
             };
         }
         if let Some(v) = get("NEMESIS_LMT_AUTO").filter(|v| !v.trim().is_empty()) {
-            let bad = |reason: &str| LmtError::Config {
+            p.auto = AutoBands::parse(&v).map_err(|reason| LmtError::Config {
                 var: "NEMESIS_LMT_AUTO",
                 value: v.clone(),
-                reason: reason.into(),
-            };
-            let order = v
-                .split(',')
-                .map(|n| {
-                    let n = n.trim().to_ascii_lowercase();
-                    Strategy::ALL
-                        .into_iter()
-                        .find(|s| s.name() == n && !matches!(s, Strategy::Chunks | Strategy::Rdma))
-                        .ok_or_else(|| bad("expected strategies from cma, cma-put, ring and vmsplice, best first, such as ring,cma"))
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            p.auto = AutoOrder::new(&order).ok_or_else(|| bad("each strategy at most once"))?;
+                reason,
+            })?;
         }
         let size = |var: &'static str, default: u32, what: &str| -> Result<u32, LmtError> {
             match get(var).filter(|v| !v.trim().is_empty()) {
@@ -264,11 +388,47 @@ mod tests {
     }
 
     #[test]
+    fn automatic_orders_change_with_the_size() {
+        use Strategy::{Cma, CmaPut, Ring, Vmsplice};
+        let p = parse(&[("NEMESIS_LMT_AUTO", " cma, ring ; 4M: ring,cma;16m:vmsplice")]).unwrap();
+        assert_eq!(p.auto_order(AUTO_CMA_MIN), &[Cma, Ring]);
+        assert_eq!(p.auto_order((4 << 20) - 1), &[Cma, Ring]);
+        assert_eq!(p.auto_order(4 << 20), &[Ring, Cma]);
+        assert_eq!(p.auto_order(16 << 20), &[Vmsplice]);
+        assert_eq!(p.auto_order(1 << 30), &[Vmsplice]);
+        assert_eq!(p.auto.to_string(), "cma,ring;4M:ring,cma;16M:vmsplice");
+        // What Display writes, parse reads back.
+        let q = parse(&[("NEMESIS_LMT_AUTO", "cma-put;192K:ring;1000:cma")]);
+        assert!(q.is_err(), "sizes must increase");
+        let q = parse(&[("NEMESIS_LMT_AUTO", "cma-put;1000:cma;192K:ring")]).unwrap();
+        assert_eq!(q.auto.to_string(), "cma-put;1000:cma;192K:ring");
+        assert_eq!(parse(&[("NEMESIS_LMT_AUTO", &q.auto.to_string())]).unwrap(), q);
+        assert_eq!(q.auto_order(100 << 10), &[Cma]);
+        assert_eq!(q.auto_order(192 << 10), &[Ring]);
+        assert_eq!(Policy::default().auto.to_string(), "ring,cma");
+        assert_eq!(
+            parse(&[("NEMESIS_LMT_AUTO", "cma-put")])
+                .unwrap()
+                .auto_order(1 << 20),
+            &[CmaPut]
+        );
+    }
+
+    #[test]
     fn bad_values_name_the_variable() {
         for (k, v) in [
             ("NEMESIS_LMT_AUTO", "ring,ring"),
             ("NEMESIS_LMT_AUTO", "ring,chunks"),
             ("NEMESIS_LMT_AUTO", "rdma"),
+            ("NEMESIS_LMT_AUTO", "4M:ring"),
+            ("NEMESIS_LMT_AUTO", "cma;ring"),
+            ("NEMESIS_LMT_AUTO", "cma;4M:ring;4M:cma"),
+            ("NEMESIS_LMT_AUTO", "cma;big:ring"),
+            ("NEMESIS_LMT_AUTO", "cma;4M:"),
+            (
+                "NEMESIS_LMT_AUTO",
+                "cma;1K:ring;2K:cma;3K:ring;4K:cma;5K:ring;6K:cma;7K:ring;8K:cma",
+            ),
             ("NEMESIS_LMT", "rdma-read"),
             ("NEMESIS_LMT_RDMA_MIN", "big"),
             ("NEMESIS_LMT_RING_SLOTS", "0"),

@@ -86,9 +86,10 @@ struct CalibrateArgs {
     no_pin: bool,
 }
 
-/// Measures every permitted strategy and prints the order automatic selection should
-/// try them in: by the geometric mean, over sizes and receive shapes, of each one's
-/// bandwidth as a fraction of the best at that size and shape.
+/// Measures every permitted strategy and prints the orders automatic selection should
+/// try them in: at each size, by the geometric mean over the two receive shapes of each
+/// one's bandwidth as a fraction of the best; a new size band starts at each measured
+/// size where another strategy comes first.
 fn calibrate(a: &CalibrateArgs, json: bool) -> Result<()> {
     use nemesis::lmt::Strategy;
     let mut pair = Pair::start(!a.no_pin)?;
@@ -130,6 +131,8 @@ fn calibrate(a: &CalibrateArgs, json: bool) -> Result<()> {
     pair.finish()?;
     let probe_ns = median(probe);
     let mut score = vec![0.0f64; strategies.len()];
+    // Per size: the sum over receive shapes of ln(fraction of the best), per strategy.
+    let mut by_size: Vec<(usize, Vec<f64>)> = Vec::new();
     let mut cells = 0;
     if !json {
         println!(
@@ -154,8 +157,14 @@ fn calibrate(a: &CalibrateArgs, json: bool) -> Result<()> {
                 .collect();
             let best = mb.iter().copied().fold(0.0, f64::max);
             let at = mb.iter().position(|&m| m == best).unwrap_or(0);
+            if by_size.last().is_none_or(|(s, _)| *s != size) {
+                by_size.push((size, vec![0.0; strategies.len()]));
+            }
+            let here = &mut by_size.last_mut().expect("pushed above").1;
             for (i, m) in mb.iter().enumerate() {
-                score[i] += (m / best).max(1e-9).ln();
+                let l = (m / best).max(1e-9).ln();
+                score[i] += l;
+                here[i] += l;
             }
             cells += 1;
             let bufs = if osu { "one" } else { "distinct" };
@@ -189,8 +198,10 @@ fn calibrate(a: &CalibrateArgs, json: bool) -> Result<()> {
         .filter(|(_, s)| *s != Strategy::Chunks)
         .map(|(_, s)| s.name())
         .collect();
+    // More bands than the variable takes (many sizes): one order for all.
+    let bands = lmt_bands(&strategies, by_size).unwrap_or_else(|| order.join(","));
     if json {
-        let mut row = Json::new("calibrate").s("recommended", &order.join(","));
+        let mut row = Json::new("calibrate").s("recommended", &bands);
         for (g, s) in &ranked {
             row = row.f(&format!("{}_of_best", s.name().replace('-', "_")), *g);
         }
@@ -203,9 +214,48 @@ fn calibrate(a: &CalibrateArgs, json: bool) -> Result<()> {
             print!(" {} {g:.2}", s.name());
         }
         println!();
-        println!("NEMESIS_LMT_AUTO={}", order.join(","));
+        println!("# one order for every size: {}", order.join(","));
+        println!("NEMESIS_LMT_AUTO={bands}");
     }
     Ok(())
+}
+
+/// The `NEMESIS_LMT_AUTO` value that follows from per-size scores (`(size, Σ ln
+/// fraction of the best per strategy)`, sizes ascending): a band starts at each size
+/// whose best named strategy differs from the one before, and each band's order ranks
+/// the strategies by their scores over its sizes. Chunks, the fallback, is never named.
+fn lmt_bands(strategies: &[nemesis::lmt::Strategy], mut by_size: Vec<(usize, Vec<f64>)>) -> Option<String> {
+    use nemesis::lmt::Strategy;
+    use nemesis::lmt::{AutoBands, AutoOrder};
+    by_size.sort_by_key(|(s, _)| *s);
+    let rank = |score: &[f64]| -> Vec<Strategy> {
+        let mut r: Vec<(f64, Strategy)> = score
+            .iter()
+            .copied()
+            .zip(strategies.iter().copied())
+            .filter(|(_, s)| *s != Strategy::Chunks)
+            .collect();
+        r.sort_by(|x, y| y.0.total_cmp(&x.0));
+        r.into_iter().map(|(_, s)| s).take(4).collect()
+    };
+    // (first size, summed scores of the band's sizes)
+    let mut bands: Vec<(usize, Vec<f64>)> = Vec::new();
+    for (size, score) in by_size {
+        let first = rank(&score).first().copied();
+        match bands.last_mut() {
+            Some((_, sum)) if rank(sum).first().copied() == first => {
+                for (t, s) in sum.iter_mut().zip(&score) {
+                    *t += s;
+                }
+            }
+            _ => bands.push((if bands.is_empty() { 0 } else { size }, score)),
+        }
+    }
+    let orders: Vec<(usize, AutoOrder)> = bands
+        .iter()
+        .filter_map(|(from, sum)| AutoOrder::new(&rank(sum)).map(|o| (*from, o)))
+        .collect();
+    AutoBands::new(&orders).map(|b| b.to_string())
 }
 
 #[derive(Args, Debug, Clone)]
