@@ -87,10 +87,7 @@ pub(crate) fn job_full<T: Send + 'static>(
             })
         })
         .collect();
-    handles
-        .into_iter()
-        .map(|h| h.join().expect("rank panicked"))
-        .collect()
+    join_ranks(handles)
 }
 
 /// Runs `f(world)` as each rank of a job on "nodes" of the sizes in `nodes`: the ranks
@@ -197,10 +194,33 @@ pub(crate) fn job_nodes_full<T: Send + 'static>(
         }
         first += size;
     }
-    handles
-        .into_iter()
-        .map(|h| h.join().expect("rank panicked"))
-        .collect()
+    join_ranks(handles)
+}
+
+/// Joins the ranks' threads, in rank order. A rank that panics fails the test at once
+/// with its own message: the others may be blocked waiting for it, and joining them
+/// first would hang the test instead.
+fn join_ranks<T>(handles: Vec<std::thread::JoinHandle<T>>) -> Vec<T> {
+    let mut handles: Vec<Option<std::thread::JoinHandle<T>>> = handles.into_iter().map(Some).collect();
+    let mut out: Vec<Option<T>> = handles.iter().map(|_| None).collect();
+    let mut left = handles.len();
+    while left > 0 {
+        let mut joined = false;
+        for (slot, h) in out.iter_mut().zip(handles.iter_mut()) {
+            if h.as_ref().is_some_and(|h| h.is_finished()) {
+                match h.take().expect("checked above").join() {
+                    Ok(v) => *slot = Some(v),
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+                left -= 1;
+                joined = true;
+            }
+        }
+        if !joined {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+    out.into_iter().map(|v| v.expect("every rank joined")).collect()
 }
 
 pub(crate) fn pattern(seed: u32, len: usize) -> Vec<u8> {
