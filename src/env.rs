@@ -60,7 +60,7 @@ pub const KNOWN: &[(&str, Reader, &str)] = &[
     (
         "NEMESIS_LMT_AUTO",
         Reader::Library,
-        "the order automatic selection tries strategies in",
+        "the order automatic selection tries strategies in, by size",
     ),
     (
         "NEMESIS_LMT_RING_SLOTS",

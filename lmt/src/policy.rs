@@ -26,7 +26,8 @@ pub const AUTO_CMA_MIN: usize = 32 << 10;
 /// The strategies automatic selection tries from [`AUTO_CMA_MIN`] bytes up, best first,
 /// unless `NEMESIS_LMT_AUTO` says: the copy ring, whose two processes copy at once a
 /// slot apart, moved 3–4 times what CMA's kernel copy did at every size from 64 KiB to
-/// 16 MiB, in latency and in bandwidth, on the machines measured (BENCHMARKS.md).
+/// 16 MiB, in latency and in bandwidth, on the Zen 5 guests measured (BENCHMARKS.md); on
+/// an Intel Xeon guest CMA led up to 1 MiB, which `nemesis-bench calibrate` finds.
 pub const DEFAULT_AUTO: &[Strategy] = &[Strategy::Ring, Strategy::Cma];
 
 /// From this many bytes up, a message to a peer on another node goes by RDMA read when

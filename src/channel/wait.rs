@@ -11,7 +11,8 @@ use std::time::Duration;
 /// The waiting strategy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WaitPolicy {
-    /// Checks for work before yielding (`NEMESIS_SPIN`).
+    /// Checks for work before yielding (`NEMESIS_SPIN`); it also bounds the polls a
+    /// blocked call makes back to back before it waits.
     pub spin: u32,
     /// Yields before sleeping (`NEMESIS_YIELDS`).
     pub yields: u32,

@@ -125,7 +125,7 @@ fn stream_ring_and_memory_json() {
     let cal = json_lines(&[
         "calibrate",
         "--sizes",
-        "64K",
+        "64K,256K",
         "--window",
         "2",
         "--rounds",
@@ -134,6 +134,15 @@ fn stream_ring_and_memory_json() {
     ]);
     let last = cal.last().expect("rows");
     has(last, &["recommended", "ring_of_best", "probe_ns"]);
+    // What calibrate recommends, the library takes.
+    let rec = last
+        .split("\"recommended\":\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .expect("a recommended value");
+    let p = nemesis::lmt::Policy::from_lookup(|k| (k == "NEMESIS_LMT_AUTO").then(|| rec.to_string()))
+        .unwrap_or_else(|e| panic!("calibrate recommended {rec:?}, which the library refuses: {e}"));
+    assert!(!p.auto_order(1 << 20).is_empty(), "{rec}");
     assert!(
         cal[0].contains("\"strategy\"") && cal[0].contains("\"mb_s\""),
         "{}",

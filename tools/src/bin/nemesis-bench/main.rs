@@ -57,7 +57,8 @@ enum Cmd {
     /// request set, and with a scoped waitall (two threads of this process).
     Requests(RequestsArgs),
     /// Measures every large-message strategy this machine permits, both receive shapes,
-    /// interleaved round by round, and says which order NEMESIS_LMT_AUTO should give.
+    /// interleaved round by round, and prints the NEMESIS_LMT_AUTO value to set: the
+    /// strategies best first, by size band where the leader changes with the size.
     Calibrate(CalibrateArgs),
     /// Two-sided nemesis beside MPI peers, interleaved round by round: latency, osu_bw
     /// bandwidth (one receive buffer) and message rate, with nemesis/peer ratios.
