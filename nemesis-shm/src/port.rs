@@ -337,9 +337,21 @@ impl<R: Region, V: Variant> Port<R, V> {
         }
         // SAFETY: a key of this region.
         if !b.rq.is_empty(unsafe { region.recv_queue_of(b.my) }) {
-            got += self.poll_queue(&mut f)?;
+            // `f` moves into the out-of-line part: lent to it instead, it would have to
+            // live in memory, and the fastbox path above would load it from there.
+            return self.poll_queue_owned(f, got);
         }
         Ok(got)
+    }
+
+    /// [`Port::poll`]'s queue part, which takes the sink over.
+    #[inline(never)]
+    fn poll_queue_owned<F: FnMut(u32, &Envelope, &[u8])>(
+        &mut self,
+        mut f: F,
+        got: usize,
+    ) -> Result<usize, Corrupt> {
+        Ok(got + self.poll_queue(&mut f)?)
     }
 
     /// Hands `f` the next message from local process `src` if it waits in the fastbox,
@@ -358,8 +370,8 @@ impl<R: Region, V: Variant> Port<R, V> {
         }
     }
 
-    /// The queue part of [`Port::poll`], out of line so the fastbox path stays small.
-    #[inline(never)]
+    /// The queue part of [`Port::poll`].
+    #[inline(always)]
     fn poll_queue<F: FnMut(u32, &Envelope, &[u8])>(&mut self, f: &mut F) -> Result<usize, Corrupt> {
         let b = &mut self.book;
         let region = &*self.region;

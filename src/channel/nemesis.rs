@@ -311,6 +311,17 @@ impl NemesisChannel {
         Ok(SendStatus::Queued(net.pending.push(peer, env, payload)))
     }
 
+    /// [`Channel::poll`] with a network module: shared memory, then the network. Takes
+    /// the sink over, so that a job without a network lends it to nothing.
+    #[inline(never)]
+    fn poll_with_net<F: FnMut(Packet<'_>)>(&mut self, mut sink: F) -> Result<usize, ChannelError> {
+        let mut n = self.shm.poll(&mut sink)?;
+        if let Some(net) = &mut self.net {
+            n += net.poll(&mut sink, n > 0)?;
+        }
+        Ok(n)
+    }
+
     /// Packets owed to the network: queued here, or taken by the netmod and not yet
     /// delivered for good.
     fn net_owed(&self) -> usize {
@@ -370,6 +381,19 @@ impl Channel for NemesisChannel {
         self.send_slow(peer, header, payload)
     }
 
+    // The list of one payload the slow path takes is made on that path only: made
+    // before the fastbox is tried, it and the header were stored to memory on every send.
+    #[inline(always)]
+    fn send_bytes(&mut self, peer: Rank, header: Header, payload: &[u8]) -> Result<SendStatus, ChannelError> {
+        if self
+            .shm
+            .try_fast_send(peer, header, std::slice::from_ref(&payload))
+        {
+            return Ok(SendStatus::Sent);
+        }
+        self.send_slow(peer, header, &[payload])
+    }
+
     fn is_sent(&self, ticket: SendTicket) -> bool {
         match &self.net {
             Some(n) if ticket.net => n.pending.is_sent(ticket),
@@ -400,12 +424,12 @@ impl Channel for NemesisChannel {
     }
 
     #[inline]
-    fn poll<F: FnMut(Packet<'_>)>(&mut self, mut sink: F) -> Result<usize, ChannelError> {
-        let mut n = self.shm.poll(&mut sink)?;
-        if let Some(net) = &mut self.net {
-            n += net.poll(&mut sink, n > 0)?;
+    fn poll<F: FnMut(Packet<'_>)>(&mut self, sink: F) -> Result<usize, ChannelError> {
+        if self.net.is_some() {
+            return self.poll_with_net(sink);
         }
-        Ok(n)
+        // The sink moves down (see `ShmChannel::poll_port`).
+        self.shm.poll(sink)
     }
 
     #[inline(always)]

@@ -339,9 +339,34 @@ impl ShmChannel {
         }
     }
 
+    /// A poll of the port alone. The sink moves into the port's closure, and on into
+    /// the port's out-of-line queue part, so that nothing on the fastbox path is lent
+    /// to a call and kept in memory for it.
+    #[inline(always)]
+    fn poll_port<F: FnMut(Packet<'_>)>(&mut self, mut sink: F) -> Result<usize, ChannelError> {
+        let rank_of = &self.rank_of;
+        Ok(self.port.poll(move |src, env, payload| {
+            // SAFETY: the port reports sources below its process count, the length of
+            // `rank_of` (checked in `from_segment`).
+            let src = unsafe { *rank_of.get_unchecked(src as usize) };
+            sink(Packet {
+                src,
+                header: Header::from_envelope(env),
+                payload,
+            })
+        })?)
+    }
+
+    /// A poll with [`ShmChannel::poll_extra`]'s work to do first; takes the sink over
+    /// (see [`ShmChannel::poll_port`]).
+    #[inline(never)]
+    fn poll_with_extra<F: FnMut(Packet<'_>)>(&mut self, mut sink: F) -> Result<usize, ChannelError> {
+        let n = self.poll_extra(&mut sink);
+        Ok(n + self.poll_port(sink)?)
+    }
+
     /// What a poll does besides the port's: withdraws an arm, moves pending sends on,
     /// and hands up the packets we sent ourselves.
-    #[inline(never)]
     fn poll_extra<F: FnMut(Packet<'_>)>(&mut self, sink: &mut F) -> usize {
         if self.armed {
             self.disarm();
@@ -432,23 +457,11 @@ impl Channel for ShmChannel {
     }
 
     #[inline]
-    fn poll<F: FnMut(Packet<'_>)>(&mut self, mut sink: F) -> Result<usize, ChannelError> {
-        let mut n = 0;
+    fn poll<F: FnMut(Packet<'_>)>(&mut self, sink: F) -> Result<usize, ChannelError> {
         if self.extra {
-            n += self.poll_extra(&mut sink);
+            return self.poll_with_extra(sink);
         }
-        let rank_of = &self.rank_of;
-        n += self.port.poll(|src, env, payload| {
-            // SAFETY: the port reports sources below its process count, the length of
-            // `rank_of` (checked in `from_segment`).
-            let src = unsafe { *rank_of.get_unchecked(src as usize) };
-            sink(Packet {
-                src,
-                header: Header::from_envelope(env),
-                payload,
-            })
-        })?;
-        Ok(n)
+        self.poll_port(sink)
     }
 
     /// Looks in `peer`'s fastbox, where the next packet from `peer` usually is; not while
