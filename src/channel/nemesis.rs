@@ -259,16 +259,19 @@ impl NemesisChannel {
     }
 
     /// Everything but a fastbox: shared memory's slow path, and the network for the
-    /// ranks shared memory does not reach.
+    /// ranks shared memory does not reach. The error comes boxed: a result as large as
+    /// [`ChannelError`] was copied out through memory on every queued packet.
     #[inline(never)]
     fn send_slow(
         &mut self,
         peer: Rank,
         header: Header,
         payload: &[&[u8]],
-    ) -> Result<SendStatus, ChannelError> {
+    ) -> Result<SendStatus, Box<ChannelError>> {
         match self.shm.send_slow_inline(peer, header, payload) {
-            Err(ChannelError::NoRoute { .. }) if self.net.is_some() => self.send_net(peer, header, payload),
+            Err(ChannelError::NoRoute { .. }) if self.net.is_some() => {
+                self.send_net(peer, header, payload).map_err(Box::new)
+            }
             Ok(s) if peer == self.shm.rank() && self.shm.armed() => {
                 // Nothing rings for a packet to ourselves: whoever sleeps on the wait
                 // descriptor (another task of this process) hears of it from the timer.
@@ -277,7 +280,7 @@ impl NemesisChannel {
                 }
                 Ok(s)
             }
-            r => r,
+            r => r.map_err(Box::new),
         }
     }
 
@@ -378,7 +381,7 @@ impl Channel for NemesisChannel {
         if self.shm.try_fast_send(peer, header, payload) {
             return Ok(SendStatus::Sent);
         }
-        self.send_slow(peer, header, payload)
+        self.send_slow(peer, header, payload).map_err(|e| *e)
     }
 
     // The list of one payload the slow path takes is made on that path only: made
@@ -391,7 +394,7 @@ impl Channel for NemesisChannel {
         {
             return Ok(SendStatus::Sent);
         }
-        self.send_slow(peer, header, &[payload])
+        self.send_slow(peer, header, &[payload]).map_err(|e| *e)
     }
 
     fn is_sent(&self, ticket: SendTicket) -> bool {
