@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 /// Polls a blocked call makes back to back before it waits the channel's way (spinning on
 /// readiness, yielding, sleeping): a reply that comes within a few microseconds is picked
 /// up without a clock read or a readiness check on the way. Fewer when the wait policy
-/// spins less ([`crate::progress::Core::tight_polls`]): a process that outnumbers the
+/// spins less ([`crate::progress::Core::idle`]): a process that outnumbers the
 /// CPUs and polls 256 times keeps the one that would answer off its CPU for tens of
 /// microseconds.
 pub(crate) const TIGHT_POLLS: u32 = 256;
