@@ -17,6 +17,11 @@ pub const KNOWN: &[(&str, Reader, &str)] = &[
     ("NEMESIS_CELLS", Reader::Library, "cells per process"),
     ("NEMESIS_CELL_SIZE", Reader::Library, "bytes per cell"),
     ("NEMESIS_FBOX_SIZE", Reader::Library, "bytes per fastbox"),
+    (
+        "NEMESIS_FBOX_SLOTS",
+        Reader::Library,
+        "fastboxes per ordered pair",
+    ),
     ("NEMESIS_SHM_DIR", Reader::Library, "where segment files are made"),
     (
         "NEMESIS_STARTUP_TIMEOUT",

@@ -10,6 +10,15 @@ pub const DEFAULT_CELL_SIZE: u32 = 8192;
 /// Bytes per fastbox, header included, when `NEMESIS_FBOX_SIZE` is unset: room for
 /// 1 KiB of payload.
 pub const DEFAULT_FBOX_SIZE: u32 = 1152;
+/// Fastboxes per ordered pair when `NEMESIS_FBOX_SLOTS` is unset, unless
+/// [`FBOX_BUDGET`] asks for fewer: enough that a stream of small messages does not wait
+/// for the receiver's acknowledgement of each one.
+pub const DEFAULT_FBOX_SLOTS: u32 = 64;
+/// Most bytes the default number of fastbox slots may take in one segment; with more
+/// processes the default halves until the fastboxes fit (down to one slot per pair).
+pub const FBOX_BUDGET: usize = 64 << 20;
+/// Most fastboxes per ordered pair.
+pub const MAX_FBOX_SLOTS: u32 = 64;
 /// Directory of the segment file when `NEMESIS_SHM_DIR` is unset.
 pub const DEFAULT_SHM_DIR: &str = "/dev/shm";
 /// Most processes one node's segment serves.
@@ -18,7 +27,10 @@ pub const MAX_LOCAL_PROCS: u32 = 4096;
 /// Bytes at the start of a cell before its payload.
 pub const CELL_HEADER: u32 = 32;
 /// Bytes at the start of a fastbox before its payload.
-pub const FBOX_HEADER: u32 = 40;
+pub const FBOX_HEADER: u32 = 32;
+/// Bytes at the start of an ordered pair's ring of fastboxes, before its boxes: the
+/// receiver's acknowledgement, on lines of its own.
+pub const FBOX_RING_HEADER: u32 = 128;
 
 /// How big the segment's pieces are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +41,9 @@ pub struct Geometry {
     pub cell_size: u32,
     /// Bytes per fastbox, header included, or 0 for no fastboxes (`NEMESIS_FBOX_SIZE`).
     pub fbox_size: u32,
+    /// Fastboxes per ordered pair of processes, a power of two; 0 lets
+    /// [`Geometry::resolve`] choose by the number of processes (`NEMESIS_FBOX_SLOTS`).
+    pub fbox_slots: u32,
 }
 
 impl Default for Geometry {
@@ -37,6 +52,7 @@ impl Default for Geometry {
             cells_per_proc: DEFAULT_CELLS,
             cell_size: DEFAULT_CELL_SIZE,
             fbox_size: DEFAULT_FBOX_SIZE,
+            fbox_slots: 0,
         }
     }
 }
@@ -54,6 +70,7 @@ impl Geometry {
             cells_per_proc: size_var(&get, "NEMESIS_CELLS", d.cells_per_proc)?,
             cell_size: size_var(&get, "NEMESIS_CELL_SIZE", d.cell_size)?,
             fbox_size: size_var(&get, "NEMESIS_FBOX_SIZE", d.fbox_size)?,
+            fbox_slots: size_var(&get, "NEMESIS_FBOX_SLOTS", d.fbox_slots)?,
         };
         g.validate()?;
         Ok(g)
@@ -98,12 +115,44 @@ impl Geometry {
                 );
             }
         }
+        if self.fbox_slots > MAX_FBOX_SLOTS || !(self.fbox_slots == 0 || self.fbox_slots.is_power_of_two()) {
+            return bad(
+                "NEMESIS_FBOX_SLOTS",
+                self.fbox_slots,
+                "must be 0 (chosen by the number of processes) or a power of two up to 64",
+            );
+        }
         Ok(())
+    }
+
+    /// The geometry with the number of fastbox slots decided for `nprocs` processes: the
+    /// one asked for, or else [`DEFAULT_FBOX_SLOTS`] halved until the fastboxes of every
+    /// ordered pair fit [`FBOX_BUDGET`].
+    pub fn resolve(mut self, nprocs: u32) -> Self {
+        if self.fbox_slots == 0 {
+            let pairs = nprocs as usize * (nprocs as usize).saturating_sub(1);
+            let mut k = DEFAULT_FBOX_SLOTS;
+            while k > 1 && pairs.saturating_mul(k as usize * self.fbox_size as usize) > FBOX_BUDGET {
+                k /= 2;
+            }
+            self.fbox_slots = k;
+        }
+        self
     }
 
     /// Payload bytes of one cell.
     pub fn cell_capacity(&self) -> usize {
         (self.cell_size - CELL_HEADER) as usize
+    }
+
+    /// Bytes of one ordered pair's ring of fastboxes, head included, once
+    /// [`Geometry::resolve`]d; 0 when fastboxes are off.
+    pub fn fbox_ring_bytes(&self) -> usize {
+        if self.fbox_size == 0 {
+            0
+        } else {
+            FBOX_RING_HEADER as usize + self.fbox_slots as usize * self.fbox_size as usize
+        }
     }
 
     /// Payload bytes of one fastbox; 0 when fastboxes are off.
@@ -224,5 +273,24 @@ mod tests {
     fn fastboxes_can_be_turned_off() {
         let g = Geometry::from_lookup(env(&[("NEMESIS_FBOX_SIZE", "0")])).unwrap();
         assert_eq!(g.fbox_capacity(), 0);
+    }
+
+    #[test]
+    fn fastbox_slots_default_by_process_count_and_can_be_set() {
+        let d = Geometry::default();
+        assert_eq!(d.resolve(2).fbox_slots, DEFAULT_FBOX_SLOTS);
+        assert_eq!(d.resolve(16).fbox_slots, 64);
+        // 32 x 31 pairs of 1152-byte boxes: 64 slots would take 70 MiB.
+        assert_eq!(d.resolve(32).fbox_slots, 32);
+        assert_eq!(d.resolve(64).fbox_slots, 8);
+        // 128 x 127 pairs: 4 slots would take 71 MiB.
+        assert_eq!(d.resolve(128).fbox_slots, 2);
+        assert_eq!(d.resolve(4096).fbox_slots, 1);
+        let g = Geometry::from_lookup(env(&[("NEMESIS_FBOX_SLOTS", "2")])).unwrap();
+        assert_eq!(g.resolve(1000).fbox_slots, 2);
+        for bad in ["3", "128", "x"] {
+            let err = Geometry::from_lookup(env(&[("NEMESIS_FBOX_SLOTS", bad)])).unwrap_err();
+            assert!(err.to_string().contains("NEMESIS_FBOX_SLOTS"), "{err}");
+        }
     }
 }

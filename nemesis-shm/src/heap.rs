@@ -14,17 +14,24 @@ pub struct HeapRegion {
     cells_per_proc: u32,
     cell_capacity: usize,
     fbox_capacity: usize,
+    fbox_slots: u32,
     recv: Vec<CachePadded<QueueShared>>,
     free: Vec<CachePadded<QueueShared>>,
     bells: Vec<CachePadded<Doorbell>>,
-    fboxes: Vec<HeapFbox>,
+    lanes: Vec<HeapLane>,
     cells: Vec<HeapCell>,
+}
+
+/// One ordered pair's ring of fastboxes.
+#[derive(Debug)]
+struct HeapLane {
+    ack: AtomicU64,
+    boxes: Box<[HeapFbox]>,
 }
 
 #[derive(Debug)]
 struct HeapFbox {
     seq: AtomicU64,
-    ack: AtomicU64,
     data: UnsafeCell<(Envelope, usize, Box<[u8]>)>,
 }
 
@@ -43,28 +50,49 @@ unsafe impl Send for HeapRegion {}
 
 impl HeapRegion {
     /// A region for `nprocs` processes with `cells_per_proc` cells of `cell_capacity`
-    /// payload bytes each, and fastboxes of `fbox_capacity` bytes (0: none).
+    /// payload bytes each, and one fastbox of `fbox_capacity` bytes (0: none) per ordered
+    /// pair.
     ///
     /// # Panics
     /// If `nprocs` is 0 or above 65535, or `fbox_capacity > cell_capacity`.
     pub fn new(nprocs: u32, cells_per_proc: u32, cell_capacity: usize, fbox_capacity: usize) -> Self {
+        Self::with_fbox_slots(nprocs, cells_per_proc, cell_capacity, fbox_capacity, 1)
+    }
+
+    /// As [`HeapRegion::new`], with a ring of `fbox_slots` fastboxes per ordered pair.
+    ///
+    /// # Panics
+    /// As for [`HeapRegion::new`], and if `fbox_slots` is not a power of two.
+    pub fn with_fbox_slots(
+        nprocs: u32,
+        cells_per_proc: u32,
+        cell_capacity: usize,
+        fbox_capacity: usize,
+        fbox_slots: u32,
+    ) -> Self {
         assert!((1..=u16::MAX as u32).contains(&nprocs));
         assert!(fbox_capacity <= cell_capacity);
+        assert!(fbox_slots.is_power_of_two());
         let n = nprocs as usize;
-        let boxes = if fbox_capacity > 0 { n * (n - 1) } else { 0 };
+        let lanes = if fbox_capacity > 0 { n * (n - 1) } else { 0 };
         Self {
             nprocs,
             cells_per_proc,
             cell_capacity,
             fbox_capacity,
+            fbox_slots,
             recv: (0..n).map(|_| CachePadded(QueueShared::new())).collect(),
             free: (0..n).map(|_| CachePadded(QueueShared::new())).collect(),
             bells: (0..n).map(|_| CachePadded(Doorbell::new())).collect(),
-            fboxes: (0..boxes)
-                .map(|_| HeapFbox {
-                    seq: AtomicU64::new(0),
+            lanes: (0..lanes)
+                .map(|_| HeapLane {
                     ack: AtomicU64::new(0),
-                    data: UnsafeCell::new(([0; 2], 0, vec![0; fbox_capacity].into_boxed_slice())),
+                    boxes: (0..fbox_slots)
+                        .map(|_| HeapFbox {
+                            seq: AtomicU64::new(0),
+                            data: UnsafeCell::new(([0; 2], 0, vec![0; fbox_capacity].into_boxed_slice())),
+                        })
+                        .collect(),
                 })
                 .collect(),
             cells: (0..n * cells_per_proc as usize)
@@ -91,9 +119,6 @@ pub struct HeapFboxRef<'a>(&'a HeapFbox);
 impl<'a> FboxAccess<'a> for HeapFboxRef<'a> {
     fn seq(self) -> &'a AtomicU64 {
         &self.0.seq
-    }
-    fn ack(self) -> &'a AtomicU64 {
-        &self.0.ack
     }
     unsafe fn write(self, env: &Envelope, payload: &[&[u8]], len: usize) {
         self.0.data.with_mut(|p| {
@@ -161,6 +186,9 @@ impl Region for HeapRegion {
     fn fbox_capacity(&self) -> usize {
         self.fbox_capacity
     }
+    fn fbox_slots(&self) -> u32 {
+        self.fbox_slots
+    }
     fn proc_key(&self, p: u32) -> u32 {
         assert!(p < self.nprocs, "local process {p} of {}", self.nprocs);
         p
@@ -178,8 +206,11 @@ impl Region for HeapRegion {
     unsafe fn doorbell_of(&self, p: u32) -> &Doorbell {
         &self.bells[p as usize]
     }
-    unsafe fn fbox_of(&self, index: usize) -> HeapFboxRef<'_> {
-        HeapFboxRef(&self.fboxes[index])
+    unsafe fn fbox_of(&self, lane: usize, i: u64) -> HeapFboxRef<'_> {
+        HeapFboxRef(&self.lanes[lane].boxes[(i & (self.fbox_slots as u64 - 1)) as usize])
+    }
+    unsafe fn fbox_ack_of(&self, lane: usize) -> &AtomicU64 {
+        &self.lanes[lane].ack
     }
     fn cell(&self, handle: u32) -> HeapCellRef<'_> {
         HeapCellRef(&self.cells[handle as usize - 1])

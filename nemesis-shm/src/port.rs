@@ -1,8 +1,8 @@
 //! One process's end of the shared-memory transport.
 //!
-//! A message to a local peer goes into the pair's fastbox when it fits and the box is
-//! free, and otherwise into a cell taken from the sender's own pool and enqueued on the
-//! receiver's receive queue. Both carry a per-pair sequence number, and the receiver
+//! A message to a local peer goes into the next box of the pair's ring of fastboxes when
+//! it fits and the box is free, and otherwise into a cell taken from the sender's own pool
+//! and enqueued on the receiver's receive queue. Both carry a per-pair sequence number, and the receiver
 //! hands a message up only when its number is the next one due from that sender, so
 //! fastbox and queue messages between a pair never overtake each other.
 
@@ -58,15 +58,19 @@ impl<R: Region, V: Variant> std::fmt::Debug for Port<R, V> {
 struct Peer<R: Region> {
     /// The peer's local index.
     index: u32,
-    /// The fastbox we write to the peer, and the one it writes to us. Each box's `ack`
-    /// word is written by its writer to acknowledge the other box.
+    /// The ring of fastboxes we write to the peer, and the one it writes to us.
     boxes: Option<(R::FboxKey, R::FboxKey)>,
     /// The peer's queues and doorbell.
     slot: R::ProcKey,
     /// Next sequence number to send; numbers start at 1.
     send_seq: u64,
-    /// Sequence number of the last message we wrote into our box to the peer.
+    /// Boxes of our ring to the peer that we have filled.
     fbox_sent: u64,
+    /// The peer's acknowledgement of that ring as we last read it: the sender reads the
+    /// word again only when this says the ring is full.
+    fbox_acked: u64,
+    /// Boxes of the peer's ring to us that we have consumed.
+    fbox_taken: u64,
     /// Next sequence number due from the peer.
     recv_seq: u64,
     /// Cells sent to the peer and not yet seen back.
@@ -80,6 +84,8 @@ struct Book<R: Region> {
     /// Our own queues and doorbell.
     my: R::ProcKey,
     fbox_cap: usize,
+    /// Boxes per ring.
+    fbox_slots: u64,
     cell_cap: usize,
     cells_per_proc: u32,
     /// Every other local process, in order: process `p` is at `p - (p > me)`.
@@ -125,6 +131,8 @@ impl<R: Region, V: Variant> Port<R, V> {
                 slot: region.proc_key(p),
                 send_seq: 1,
                 fbox_sent: 0,
+                fbox_acked: 0,
+                fbox_taken: 0,
                 recv_seq: 1,
                 inflight: 0,
             })
@@ -134,6 +142,7 @@ impl<R: Region, V: Variant> Port<R, V> {
             n,
             my: region.proc_key(me),
             fbox_cap,
+            fbox_slots: u64::from(region.fbox_slots()),
             cell_cap: region.cell_capacity(),
             cells_per_proc: cells,
             peers,
@@ -226,7 +235,7 @@ impl<R: Region, V: Variant> Port<R, V> {
         self.try_send_cell(dest, env, payload, len)
     }
 
-    /// Sends through the fastbox to `dest` if the message fits and the box is free;
+    /// Sends through the next fastbox to `dest` if the message fits and the box is free;
     /// returns whether it did. The fast path of [`Port::try_send_unchecked`].
     ///
     /// # Safety
@@ -248,19 +257,25 @@ impl<R: Region, V: Variant> Port<R, V> {
         // below `n - 1`, the length of `peers`.
         let peer = unsafe { b.peers.get_unchecked_mut(b.pos(dest)) };
         let seq = peer.send_seq;
-        if let Some((out, inn)) = peer.boxes
+        if let Some((out, _)) = peer.boxes
             && len <= b.fbox_cap
         {
-            // SAFETY: every key in the book was made by `region`.
-            let (out, inn) = unsafe { (region.fbox_of(out), region.fbox_of(inn)) };
-            if inn.ack().load(Ordering::Acquire) != peer.fbox_sent {
-                return false;
+            let sent = peer.fbox_sent;
+            if sent - peer.fbox_acked >= b.fbox_slots {
+                // SAFETY: every key in the book was made by `region`.
+                peer.fbox_acked = unsafe { region.fbox_ack_of(out) }.load(Ordering::Acquire);
+                if sent - peer.fbox_acked >= b.fbox_slots {
+                    return false;
+                }
             }
-            // SAFETY: we are this box's only sender, the receiver has acknowledged the last
-            // message we put in it (Acquire above), and `len` fits the box.
+            // SAFETY: a key of this region.
+            let out = unsafe { region.fbox_of(out, sent) };
+            // SAFETY: we are this ring's only sender; the receiver has consumed box
+            // `sent - slots`, the last one this box held (its acknowledgement, acquired
+            // above or earlier, counts past it); `len` fits the box.
             unsafe { out.write(env, payload, len) };
             out.seq().store(seq, V::FBOX_PUBLISH);
-            peer.fbox_sent = seq;
+            peer.fbox_sent = sent + 1;
             peer.send_seq = seq + 1;
             // SAFETY: a key of this region.
             if unsafe { region.doorbell_of(peer.slot) }.ring() && V::WAKE_WATCHERS {
@@ -331,7 +346,7 @@ impl<R: Region, V: Variant> Port<R, V> {
         let mut got = 0;
         // Peers have no boxes when fastboxes are off.
         for peer in b.peers.iter_mut() {
-            if take_fbox::<R, F>(region, peer, &mut f) {
+            if take_fbox::<R, V, F>(region, peer, &mut f) {
                 got += 1;
             }
         }
@@ -365,7 +380,7 @@ impl<R: Region, V: Variant> Port<R, V> {
         }
         let pos = b.pos(src);
         match b.peers.get_mut(pos) {
-            Some(peer) => take_fbox::<R, F>(&*self.region, peer, &mut f),
+            Some(peer) => take_fbox::<R, V, F>(&*self.region, peer, &mut f),
             None => false,
         }
     }
@@ -389,7 +404,7 @@ impl<R: Region, V: Variant> Port<R, V> {
             let peer = &mut b.peers[pos];
             if V::SEQ_CHECK && meta.seq != peer.recv_seq as u32 {
                 // Its predecessor went through the fastbox, which was published first.
-                if take_fbox::<R, F>(region, peer, f) {
+                if take_fbox::<R, V, F>(region, peer, f) {
                     got += 1;
                     continue;
                 }
@@ -429,7 +444,7 @@ impl<R: Region, V: Variant> Port<R, V> {
         for peer in b.peers.iter() {
             if let Some((_, inn)) = peer.boxes
                 // SAFETY: a key of this region.
-                && unsafe { region.fbox_of(inn) }.seq().load(Ordering::Acquire) == peer.recv_seq
+                && unsafe { region.fbox_of(inn, peer.fbox_taken) }.seq().load(Ordering::Acquire) == peer.recv_seq
             {
                 return true;
             }
@@ -509,23 +524,30 @@ fn bad_dest(dest: u32, me: u32, n: u32) -> ! {
     panic!("local process {me} cannot send through the port to {dest} (of {n})")
 }
 
-/// Delivers the message in `s`'s fastbox to us if it is the one due.
+/// Delivers the message in the next box of the peer's ring to us if it is the one due.
 #[inline(always)]
-fn take_fbox<R: Region, F: FnMut(u32, &Envelope, &[u8])>(region: &R, peer: &mut Peer<R>, f: &mut F) -> bool {
-    let Some((out, inn)) = peer.boxes else {
+fn take_fbox<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
+    region: &R,
+    peer: &mut Peer<R>,
+    f: &mut F,
+) -> bool {
+    let Some((_, inn)) = peer.boxes else {
         return false;
     };
-    // SAFETY: keys of this region.
-    let (inbox, outbox) = unsafe { (region.fbox_of(inn), region.fbox_of(out)) };
+    let taken = peer.fbox_taken;
+    // SAFETY: a key of this region.
+    let inbox = unsafe { region.fbox_of(inn, taken) };
     let due = peer.recv_seq;
     if inbox.seq().load(Ordering::Acquire) != due {
         return false;
     }
     // SAFETY: the Acquire load saw the message `due`, which we have not acknowledged,
-    // so the sender leaves the box alone until our ack below.
+    // so the sender leaves the box alone until our acknowledgement below counts it.
     unsafe { inbox.read(|env, data| f(peer.index, env, data)) };
     peer.recv_seq = due + 1;
-    outbox.ack().store(due, Ordering::Release);
+    peer.fbox_taken = taken + 1;
+    // SAFETY: a key of this region.
+    unsafe { region.fbox_ack_of(inn) }.store(taken + 1, V::FBOX_RETURN);
     true
 }
 
@@ -621,6 +643,69 @@ mod tests {
         );
         assert_eq!(got[1].2, big);
         assert_eq!(got[0].2, b"tiny");
+    }
+
+    #[test]
+    fn a_ring_of_fastboxes_takes_a_run_before_cells_and_wraps_in_order() {
+        let r = Arc::new(HeapRegion::with_fbox_slots(2, 8, 64, 16, 4));
+        let (mut a, mut b) = (Port::new(r.clone(), 0), Port::new(r, 1));
+        let m = [5u8; 16];
+        for i in 0..4u64 {
+            a.try_send(1, &[i, 0], &[&m], 16).unwrap();
+        }
+        assert_eq!(a.cells_for(1), 8, "four messages fit the ring of four boxes");
+        a.try_send(1, &[4, 0], &[&m], 16).unwrap();
+        assert_eq!(a.cells_for(1), 7, "the fifth took a cell");
+        // Each poll takes the next box; the cell waits for its turn.
+        let mut got = Vec::new();
+        while got.len() < 5 {
+            got.extend(drain(&mut b).into_iter().map(|m| m.1));
+        }
+        assert_eq!(got, vec![0, 1, 2, 3, 4]);
+        // The acknowledgement hands all four boxes back: the ring wraps, still in order.
+        for i in 5..13u64 {
+            a.try_send(1, &[i, 0], &[&m], 16).unwrap();
+            if i == 8 {
+                // One box per poll.
+                assert_eq!((0..4).map(|_| drain(&mut b).len()).sum::<usize>(), 4);
+            }
+        }
+        assert_eq!(a.cells_for(1), 8, "the wrap used boxes, not cells");
+        let mut got = Vec::new();
+        while got.len() < 4 {
+            got.extend(drain(&mut b).into_iter().map(|m| (m.1, m.2)));
+        }
+        assert_eq!(got.iter().map(|m| m.0).collect::<Vec<_>>(), vec![9, 10, 11, 12]);
+        assert!(got.iter().all(|g| g.1 == m));
+    }
+
+    #[test]
+    fn threads_stream_through_a_ring_in_order() {
+        let r = Arc::new(HeapRegion::with_fbox_slots(2, 4, 256, 64, 8));
+        let mut a = Port::new(r.clone(), 0);
+        let mut b = Port::new(r, 1);
+        const N: u64 = 20_000;
+        let t = std::thread::spawn(move || {
+            for i in 0..N {
+                let len = [0, 8, 64, 200][(i % 4) as usize];
+                let data = vec![i as u8; len];
+                while a.try_send(1, &[i, 0], &[&data], len).is_err() {
+                    a.poll(|_, _, _| {}).unwrap();
+                    std::thread::yield_now();
+                }
+            }
+        });
+        let mut next = 0;
+        while next < N {
+            b.poll(|_, env, data| {
+                assert_eq!(env[0], next, "out of order");
+                assert_eq!(data.len(), [0, 8, 64, 200][(next % 4) as usize]);
+                assert!(data.iter().all(|&x| x == next as u8));
+                next += 1;
+            })
+            .unwrap();
+        }
+        t.join().unwrap();
     }
 
     #[test]

@@ -26,23 +26,23 @@ pub struct CellMeta {
     pub env: Envelope,
 }
 
-/// One fastbox: a single-slot mailbox for one ordered pair of processes.
+/// One fastbox: a slot of the ring of boxes that one process writes and one other reads.
 ///
-/// `seq` holds the sequence number of the message in the box and is written only by
-/// the sender. `ack` holds the sequence number of the last message its writer consumed
-/// from the box in the opposite direction: the receiver acknowledges in its own box,
-/// so a ping-pong moves one cache line each way.
+/// `seq` holds the per-pair sequence number of the message in the box and is written
+/// only by the sender. The ring's acknowledgement word, written only by the receiver,
+/// counts the boxes it has consumed: the sender fills box `i` (counted from 0, modulo the
+/// ring) only once that count exceeds `i - slots`, and reads the word only when its last
+/// reading says the ring is full, so a stream of small messages moves about one cache
+/// line per message instead of a round trip.
 pub trait FboxAccess<'a>: Copy {
     /// The sequence word, which publishes the contents.
     fn seq(self) -> &'a AtomicU64;
-    /// The acknowledgement of the reverse box.
-    fn ack(self) -> &'a AtomicU64;
     /// Writes a message into the box.
     ///
     /// # Safety
-    /// The caller is the box's only sender, the receiver has acknowledged everything
-    /// published in this box, and `len` is the total length of `payload`, at most the
-    /// region's fastbox capacity.
+    /// The caller is the box's only sender, the receiver has acknowledged the message this
+    /// box held last, and `len` is the total length of `payload`, at most the region's
+    /// fastbox capacity.
     unsafe fn write(self, env: &Envelope, payload: &[&[u8]], len: usize);
     /// Reads the message in the box in place.
     ///
@@ -74,7 +74,7 @@ pub trait CellAccess<'a>: Copy {
 }
 
 /// Memory laid out for `nprocs` processes: per process a receive queue, a free queue,
-/// a doorbell and a pool of cells; per ordered pair a fastbox.
+/// a doorbell and a pool of cells; per ordered pair a ring of fastboxes.
 ///
 /// Process indices are node-local (`0..nprocs`). Cell handles are `index + 1`, and
 /// process `p` owns handles `p * cells_per_proc + 1 ..= (p + 1) * cells_per_proc`.
@@ -93,7 +93,7 @@ pub trait Region: Links + Send + Sync {
         Self: 'a;
     /// Names one process's queues and doorbell.
     type ProcKey: Copy + Send + Sync + std::fmt::Debug;
-    /// Names one fastbox.
+    /// Names one ordered pair's ring of fastboxes.
     type FboxKey: Copy + Send + Sync + std::fmt::Debug;
 
     /// Number of processes.
@@ -104,9 +104,12 @@ pub trait Region: Links + Send + Sync {
     fn cell_capacity(&self) -> usize;
     /// Largest payload of one fastbox; 0 when fastboxes are off.
     fn fbox_capacity(&self) -> usize;
+    /// Fastboxes in each ordered pair's ring, a power of two.
+    fn fbox_slots(&self) -> u32;
     /// The key of process `p`.
     fn proc_key(&self, p: u32) -> Self::ProcKey;
-    /// The key of the fastbox written by `from` and read by `to`; fastboxes must be on.
+    /// The key of the ring of fastboxes written by `from` and read by `to`; fastboxes
+    /// must be on.
     fn fbox_key(&self, from: u32, to: u32) -> Self::FboxKey;
     /// The receive queue of a process.
     ///
@@ -123,11 +126,18 @@ pub trait Region: Links + Send + Sync {
     /// # Safety
     /// `k` was made by this region.
     unsafe fn doorbell_of(&self, k: Self::ProcKey) -> &Doorbell;
-    /// A fastbox.
+    /// Box `i` of a ring, counted from the ring's start: the box at `i` modulo
+    /// [`Region::fbox_slots`].
     ///
     /// # Safety
     /// `k` was made by this region.
-    unsafe fn fbox_of(&self, k: Self::FboxKey) -> Self::Fbox<'_>;
+    unsafe fn fbox_of(&self, k: Self::FboxKey, i: u64) -> Self::Fbox<'_>;
+    /// The acknowledgement word of a ring: how many of its boxes the receiver has
+    /// consumed.
+    ///
+    /// # Safety
+    /// `k` was made by this region.
+    unsafe fn fbox_ack_of(&self, k: Self::FboxKey) -> &AtomicU64;
     /// The cell with this handle.
     fn cell(&self, handle: u32) -> Self::Cell<'_>;
 
@@ -146,14 +156,14 @@ pub trait Region: Links + Send + Sync {
         // SAFETY: as above.
         unsafe { self.doorbell_of(self.proc_key(p)) }
     }
-    /// The fastbox written by `from` and read by `to`.
-    fn fbox(&self, from: u32, to: u32) -> Self::Fbox<'_> {
+    /// Box `i` of the ring written by `from` and read by `to`.
+    fn fbox(&self, from: u32, to: u32, i: u64) -> Self::Fbox<'_> {
         // SAFETY: as above.
-        unsafe { self.fbox_of(self.fbox_key(from, to)) }
+        unsafe { self.fbox_of(self.fbox_key(from, to), i) }
     }
 }
 
-/// Index of the fastbox of the ordered pair (`from`, `to`) among `n * (n - 1)`, skipping
+/// Index of the ring of fastboxes of the ordered pair (`from`, `to`) among `n * (n - 1)`, skipping
 /// the diagonal.
 #[inline(always)]
 pub fn fbox_index(n: u32, from: u32, to: u32) -> usize {

@@ -8,7 +8,7 @@
 //! the file: from then on a crash of any process leaves nothing behind.
 
 use crate::coll::{self, Block, CollHead};
-use crate::config::{CELL_HEADER, FBOX_HEADER, Geometry, MAX_LOCAL_PROCS};
+use crate::config::{CELL_HEADER, FBOX_HEADER, FBOX_RING_HEADER, Geometry, MAX_LOCAL_PROCS};
 use crate::doorbell::Doorbell;
 use crate::error::{Bytes, ShmError};
 use crate::file::{self, CreateError, Mapping};
@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 /// The first word of every segment.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"NEMESIS\x01");
 /// Bumped whenever the meaning of the layout changes without its shape changing.
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 
 #[repr(C)]
 struct SegHeader {
@@ -39,7 +39,9 @@ struct SegHeader {
     cells_per_proc: u32,
     cell_size: u32,
     fbox_size: u32,
+    fbox_slots: u32,
     node: u32,
+    _reserved: u32,
     /// Names the wake sockets of the segment's processes (see `crate::wake`).
     wake_key: u64,
 }
@@ -84,10 +86,17 @@ struct CellHeader {
     env: Envelope,
 }
 
+/// The start of one ordered pair's ring of fastboxes, on lines of its own because the
+/// receiver writes it and the sender rarely reads it; the boxes follow.
+#[repr(C)]
+struct LaneHead {
+    ack: AtomicU64,
+    _pad: [u64; 15],
+}
+
 #[repr(C)]
 struct FboxHead {
     seq: AtomicU64,
-    ack: AtomicU64,
     len: u32,
     _pad: u32,
     env: Envelope,
@@ -96,6 +105,7 @@ struct FboxHead {
 const _: () = {
     assert!(size_of::<CellHeader>() == CELL_HEADER as usize);
     assert!(size_of::<FboxHead>() == FBOX_HEADER as usize);
+    assert!(size_of::<LaneHead>() == FBOX_RING_HEADER as usize);
     assert!(size_of::<SegHeader>() <= 128);
     assert!(size_of::<Control>() == 4 * 128);
     assert!(size_of::<ProcSlot>() == 4 * 128);
@@ -106,7 +116,7 @@ const _: () = {
 /// A fingerprint of every shared structure's shape. Builds that disagree refuse to share
 /// a segment rather than corrupt it.
 pub const LAYOUT_HASH: u64 = {
-    let parts: [usize; 27] = [
+    let parts: [usize; 28] = [
         LAYOUT_VERSION as usize,
         size_of::<SegHeader>(),
         offset_of!(SegHeader, nprocs),
@@ -114,6 +124,7 @@ pub const LAYOUT_HASH: u64 = {
         offset_of!(SegHeader, job_id),
         offset_of!(SegHeader, total_size),
         offset_of!(SegHeader, fbox_size),
+        offset_of!(SegHeader, fbox_slots),
         offset_of!(SegHeader, wake_key),
         size_of::<Control>(),
         offset_of!(Control, barrier),
@@ -128,7 +139,7 @@ pub const LAYOUT_HASH: u64 = {
         offset_of!(CellHeader, seq),
         offset_of!(CellHeader, env),
         size_of::<FboxHead>(),
-        offset_of!(FboxHead, ack),
+        size_of::<LaneHead>(),
         offset_of!(FboxHead, env),
         size_of::<CollHead>(),
         coll::BLOCKS,
@@ -171,6 +182,7 @@ struct Layout {
 impl Layout {
     fn new(nprocs: u32, geo: Geometry) -> Result<Self, ShmError> {
         geo.validate()?;
+        let geo = geo.resolve(nprocs);
         if !(1..=MAX_LOCAL_PROCS).contains(&nprocs) {
             return Err(ShmError::Config {
                 var: "local process count",
@@ -186,11 +198,9 @@ impl Layout {
         let n = nprocs as usize;
         let procs = size_of::<Control>();
         let fboxes = procs + n * size_of::<ProcSlot>();
-        let fbox_bytes = if geo.fbox_size == 0 {
-            0
-        } else {
-            n * (n - 1) * geo.fbox_size as usize
-        };
+        let fbox_bytes = (n * (n - 1))
+            .checked_mul(geo.fbox_ring_bytes())
+            .ok_or_else(too_large)?;
         let colls = (fboxes + fbox_bytes).next_multiple_of(PAD);
         let coll_stride = (size_of::<CollHead>() + coll::slot_words(n) * size_of::<UnsafeCell<u64>>())
             .next_multiple_of(PAD);
@@ -226,8 +236,10 @@ struct Hot {
     slots: *mut u8,
     nprocs: usize,
     fboxes: *mut u8,
+    lane_stride: usize,
+    nlanes: usize,
     fbox_stride: usize,
-    nboxes: usize,
+    fbox_mask: u64,
     cells: *mut u8,
     cell_stride: usize,
     ncells: usize,
@@ -411,6 +423,7 @@ impl Segment {
                     cells_per_proc: addr_of!(h.cells_per_proc).read(),
                     cell_size: addr_of!(h.cell_size).read(),
                     fbox_size: addr_of!(h.fbox_size).read(),
+                    fbox_slots: addr_of!(h.fbox_slots).read(),
                 },
                 addr_of!(h.total_size).read(),
             )
@@ -455,8 +468,10 @@ impl Segment {
                 slots: base.add(layout.procs),
                 nprocs: n,
                 fboxes: base.add(layout.fboxes),
+                lane_stride: layout.geo.fbox_ring_bytes(),
+                nlanes: if layout.geo.fbox_size == 0 { 0 } else { n * (n - 1) },
                 fbox_stride: layout.geo.fbox_size as usize,
-                nboxes: if layout.geo.fbox_size == 0 { 0 } else { n * (n - 1) },
+                fbox_mask: u64::from(layout.geo.fbox_slots) - 1,
                 cells: base.add(layout.cells),
                 cell_stride: layout.geo.cell_size as usize,
                 ncells: layout.total_cells,
@@ -497,6 +512,7 @@ impl Segment {
             addr_of_mut!((*h).cells_per_proc).write(l.geo.cells_per_proc);
             addr_of_mut!((*h).cell_size).write(l.geo.cell_size);
             addr_of_mut!((*h).fbox_size).write(l.geo.fbox_size);
+            addr_of_mut!((*h).fbox_slots).write(l.geo.fbox_slots);
             addr_of_mut!((*h).node).write(node);
             addr_of_mut!((*h).wake_key).write(crate::config::random_id());
             (*h).magic.store(MAGIC, Ordering::Release);
@@ -701,11 +717,6 @@ impl<'a> FboxAccess<'a> for SegFbox<'a> {
         unsafe { &(*self.head).seq }
     }
     #[inline(always)]
-    fn ack(self) -> &'a AtomicU64 {
-        // SAFETY: as above.
-        unsafe { &(*self.head).ack }
-    }
-    #[inline(always)]
     unsafe fn write(self, env: &Envelope, payload: &[&[u8]], len: usize) {
         let h = self.head;
         // SAFETY: the caller is the only writer now and `len` fits after the header.
@@ -786,9 +797,9 @@ unsafe impl Send for SlotKey {}
 // SAFETY: as above.
 unsafe impl Sync for SlotKey {}
 
-/// Names a fastbox in a [`Segment`].
+/// Names an ordered pair's ring of fastboxes in a [`Segment`].
 #[derive(Debug, Clone, Copy)]
-pub struct FboxKey(NonNull<FboxHead>);
+pub struct FboxKey(NonNull<LaneHead>);
 // SAFETY: an address into shared memory; using it requires the segment (see Region).
 unsafe impl Send for FboxKey {}
 // SAFETY: as above.
@@ -816,6 +827,10 @@ impl Region for Segment {
     fn fbox_capacity(&self) -> usize {
         self.hot.fbox_capacity
     }
+    #[inline(always)]
+    fn fbox_slots(&self) -> u32 {
+        self.layout.geo.fbox_slots
+    }
     fn proc_key(&self, p: u32) -> SlotKey {
         SlotKey(NonNull::from(self.slot(p)))
     }
@@ -827,11 +842,11 @@ impl Region for Segment {
             "no fastbox from {from} to {to} of {n}"
         );
         let index = crate::region::fbox_index(n, from, to);
-        if index >= h.nboxes {
-            out_of_range("fastbox", index, h.nboxes);
+        if index >= h.nlanes {
+            out_of_range("fastbox ring", index, h.nlanes);
         }
         // SAFETY: in bounds by the check and the layout.
-        let head = unsafe { h.fboxes.add(index * h.fbox_stride).cast() };
+        let head = unsafe { h.fboxes.add(index * h.lane_stride).cast() };
         FboxKey(NonNull::new(head).expect("mapping is not null"))
     }
     #[inline(always)]
@@ -850,12 +865,21 @@ impl Region for Segment {
         unsafe { &k.0.as_ref().bell }
     }
     #[inline(always)]
-    unsafe fn fbox_of(&self, k: FboxKey) -> SegFbox<'_> {
+    unsafe fn fbox_of(&self, k: FboxKey, i: u64) -> SegFbox<'_> {
+        let h = &self.hot;
+        let at = size_of::<LaneHead>() + (i & h.fbox_mask) as usize * h.fbox_stride;
         SegFbox {
-            head: k.0.as_ptr(),
+            // SAFETY: the caller passes a key of this segment; the ring's boxes follow its
+            // head, and the mask keeps the index inside the ring.
+            head: unsafe { k.0.as_ptr().cast::<u8>().add(at).cast() },
             cap: self.hot.fbox_capacity,
             _seg: PhantomData,
         }
+    }
+    #[inline(always)]
+    unsafe fn fbox_ack_of(&self, k: FboxKey) -> &AtomicU64 {
+        // SAFETY: the caller passes a key of this segment, which outlives the borrow.
+        unsafe { &k.0.as_ref().ack }
     }
     #[inline(always)]
     fn cell(&self, handle: u32) -> SegCell<'_> {
@@ -1005,6 +1029,7 @@ mod tests {
             cells_per_proc: 1 << 20,
             cell_size: 16 << 20,
             fbox_size: 1152,
+            fbox_slots: 0,
         };
         let err = Segment::create(&s).unwrap_err();
         let msg = err.to_string();
@@ -1039,9 +1064,10 @@ mod tests {
     #[test]
     fn default_memory_for_64_processes() {
         let bytes = Segment::bytes_for(64, Geometry::default()).unwrap();
-        // Cells dominate: 64 x 64 x 8 KiB, plus 64 x 63 fastboxes of 1152 bytes, and
-        // eight collective blocks of a 384-byte head and 2 x 64 slots of 272 bytes.
-        let fboxes_end = 512 + 64 * 512 + 64 * 63 * 1152usize;
+        // Cells: 64 x 64 x 8 KiB; 64 x 63 rings of a 128-byte head and 8 fastboxes of
+        // 1152 bytes; eight collective blocks of a 384-byte head and 2 x 64 slots of 272
+        // bytes.
+        let fboxes_end = 512 + 64 * 512 + 64 * 63 * (128 + 8 * 1152usize);
         let colls = 8 * (384 + 2 * 64 * 272);
         assert_eq!(
             bytes,

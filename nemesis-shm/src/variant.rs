@@ -18,6 +18,9 @@ pub trait Variant: 'static {
     const TAIL_CAS: bool = true;
     /// Store of a fastbox's sequence word, which publishes its contents.
     const FBOX_PUBLISH: Ordering = Ordering::Release;
+    /// Store of a ring of fastboxes' acknowledgement word by the receiver, which hands
+    /// the boxes it counts back to the sender after the receiver's last read of them.
+    const FBOX_RETURN: Ordering = Ordering::Release;
     /// Whether the receiver holds back a queue cell until its per-pair sequence is due.
     const SEQ_CHECK: bool = true;
     /// Whether a sleeper looks for work again after announcing that it sleeps.
@@ -102,6 +105,16 @@ pub enum RelaxedFbox {}
 #[cfg(loom)]
 impl Variant for RelaxedFbox {
     const FBOX_PUBLISH: Ordering = Ordering::Relaxed;
+}
+
+/// Broken: the receiver acknowledges fastboxes with a Relaxed store, so the sender may
+/// refill a box while the receiver still reads it.
+#[cfg(loom)]
+#[derive(Debug)]
+pub enum RelaxedFboxReturn {}
+#[cfg(loom)]
+impl Variant for RelaxedFboxReturn {
+    const FBOX_RETURN: Ordering = Ordering::Relaxed;
 }
 
 /// Broken: queue cells are delivered without waiting for an earlier fastbox message.

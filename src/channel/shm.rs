@@ -642,6 +642,7 @@ mod tests {
             cells_per_proc: 2,
             cell_size: 256,
             fbox_size: 128,
+            fbox_slots: 1,
         };
         let mut j = local_job(2, geo);
         let mut tickets = Vec::new();
@@ -676,6 +677,7 @@ mod tests {
             cells_per_proc: 4,
             cell_size: 256,
             fbox_size: 0,
+            fbox_slots: 1,
         };
         let mut j = local_job(3, geo);
         // Rank 1 never polls; rank 0 keeps sending to it.
@@ -706,6 +708,7 @@ mod tests {
             cells_per_proc: 2,
             cell_size: 256,
             fbox_size: 0,
+            fbox_slots: 1,
         };
         let mut j = local_job(2, geo);
         for i in 0..5 {

@@ -35,6 +35,8 @@ Environment read by the processes (see README.md):
   NEMESIS_CELLS            cells per process (default 64)
   NEMESIS_CELL_SIZE        bytes per cell, header included (default 8192)
   NEMESIS_FBOX_SIZE        bytes per fastbox, header included; 0 = none (default 1152)
+  NEMESIS_FBOX_SLOTS       fastboxes per ordered pair, a power of two up to 64 (default
+                           64, fewer with many processes)
   NEMESIS_SHM_DIR          directory of the shared segment (default /dev/shm)
   NEMESIS_STARTUP_TIMEOUT  seconds to wait for the other processes (default 60)
   NEMESIS_SPIN, NEMESIS_YIELDS  how long an idle process spins and yields before sleeping

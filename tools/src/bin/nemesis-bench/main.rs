@@ -863,11 +863,10 @@ struct MemoryArgs {
     #[arg(long, value_delimiter = ',', default_value = "2,4,8,16,32,64,128",
           value_parser = clap::value_parser!(u32).range(1..=nemesis::shm::config::MAX_LOCAL_PROCS as i64))]
     procs: Vec<u32>,
-    /// Peer counts for the udp layer's heap per peer, measured in the simulator; empty
-    /// to skip it.
-    #[arg(long, value_delimiter = ',', default_value = "2,64",
-          value_parser = clap::value_parser!(u32).range(1..=4096))]
-    udp_peers: Vec<u32>,
+    /// Peer counts for the udp layer's heap per peer, measured in the simulator; "none"
+    /// (or empty) to skip it.
+    #[arg(long, default_value = "2,64", value_parser = udp_peer_list)]
+    udp_peers: CountList,
     /// Rounds of messages the measured udp endpoint exchanges with each peer.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
     udp_rounds: u32,
@@ -919,6 +918,24 @@ fn size_list(s: &str) -> Result<SizeList, String> {
     match s.trim() {
         "" | "none" => Ok(SizeList(Vec::new())),
         list => list.split(',').map(size).collect::<Result<_, _>>().map(SizeList),
+    }
+}
+
+/// A comma-separated list of counts that may be empty ("none" or "").
+#[derive(Debug, Clone)]
+struct CountList(Vec<u32>);
+
+fn udp_peer_list(s: &str) -> Result<CountList, String> {
+    match s.trim() {
+        "" | "none" => Ok(CountList(Vec::new())),
+        list => list
+            .split(',')
+            .map(|c| match c.trim().parse::<u32>() {
+                Ok(n) if (1..=4096).contains(&n) => Ok(n),
+                _ => Err(format!("{c:?} is not a peer count between 1 and 4096")),
+            })
+            .collect::<Result<_, _>>()
+            .map(CountList),
     }
 }
 
@@ -1377,19 +1394,20 @@ fn coll(a: &CollArgs, json: bool) -> Result<()> {
 
 fn memory(a: &MemoryArgs, json: bool) -> Result<()> {
     let geo = Geometry::from_env()?;
-    let pair_bytes = 2 * geo.fbox_size as u64;
     if !json {
         println!(
-            "# shared segment size: {} cells of {} B per process, fastboxes of {} B",
+            "# shared segment size: {} cells of {} B per process, fastboxes of {} B in a ring per ordered pair",
             geo.cells_per_proc, geo.cell_size, geo.fbox_size
         );
         println!(
-            "# {:>5} {:>14} {:>11} {:>16}",
-            "procs", "segment", "MiB", "per process"
+            "# {:>5} {:>14} {:>11} {:>16} {:>12}",
+            "procs", "segment", "MiB", "per process", "fbox slots"
         );
     }
     for &n in &a.procs {
         let bytes = Segment::bytes_for(n, geo)? as u64;
+        let resolved = geo.resolve(n);
+        let pair_bytes = 2 * resolved.fbox_ring_bytes() as u64;
         if json {
             Json::new("memory")
                 .u("procs", n as u64)
@@ -1399,13 +1417,15 @@ fn memory(a: &MemoryArgs, json: bool) -> Result<()> {
                     "cells_bytes_per_process",
                     geo.cells_per_proc as u64 * geo.cell_size as u64,
                 )
+                .u("fastbox_slots", u64::from(resolved.fbox_slots))
                 .u("fastbox_bytes_per_pair", pair_bytes)
                 .print();
         } else {
             println!(
-                "{n:>7} {bytes:>14} {:>11.1} {:>16}",
+                "{n:>7} {bytes:>14} {:>11.1} {:>16} {:>12}",
                 bytes as f64 / 1048576.0,
-                bytes / n as u64
+                bytes / n as u64,
+                resolved.fbox_slots
             );
         }
     }
@@ -1512,7 +1532,7 @@ fn requests(a: &RequestsArgs, json: bool) -> Result<()> {
 /// The heap the udp layer keeps per peer, from [`measure::udp_memory`] weighed by this
 /// binary's counting allocator.
 fn udp_memory(a: &MemoryArgs, json: bool) -> Result<()> {
-    if a.udp_peers.is_empty() {
+    if a.udp_peers.0.is_empty() {
         return Ok(());
     }
     if !json {
@@ -1531,7 +1551,7 @@ fn udp_memory(a: &MemoryArgs, json: bool) -> Result<()> {
             "peers", "endpoint B", "idle B", "per peer B"
         );
     }
-    for &peers in &a.udp_peers {
+    for &peers in &a.udp_peers.0 {
         progress(&format!("udp memory with {peers} peers"));
         let m = measure::udp_memory(peers, a.udp_rounds, &counting::live)?;
         progress_done();
