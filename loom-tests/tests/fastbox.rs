@@ -7,7 +7,7 @@ mod common;
 use loom::thread;
 use nemesis_shm::Port;
 use nemesis_shm::heap::HeapRegion;
-use nemesis_shm::variant::{NoSeqCheck, RelaxedFbox, RelaxedFboxReturn, Sound, Variant};
+use nemesis_shm::variant::{NoSeqCheck, NoSpanClear, RelaxedFbox, RelaxedFboxReturn, Sound, Variant};
 use std::sync::Arc;
 
 /// Sends messages of the given sizes from process 0 to 1; the fastbox holds 8 bytes,
@@ -70,8 +70,7 @@ fn ring_wrap<V: Variant>() {
             let data = [i + 1; 8];
             // A full ring is not waited on by the port (it takes a cell instead), so the
             // model spins here to keep every message in the boxes.
-            // SAFETY: process 1 is the other one of two.
-            while !unsafe { p.try_fbox_unchecked(1, &[u64::from(i), 0], &[&data], 8) } {
+            while !p.try_fbox(1, &[u64::from(i), 0], &[&data], 8) {
                 thread::yield_now();
             }
         }
@@ -100,6 +99,68 @@ fn ring_model_catches_a_relaxed_acknowledgement() {
 #[test]
 fn ring_model_catches_a_relaxed_publish() {
     common::must_fail(2, &["Causality violation"], ring_wrap::<RelaxedFbox>);
+}
+
+/// Sends `msgs` from process 0 to 1 through a ring of two boxes of 8 bytes alone (a
+/// message of 16 spans both), and checks that exactly they arrive, in order.
+fn through_ring<V: Variant>(msgs: &'static [&'static [u8]]) {
+    let r = Arc::new(HeapRegion::with_fbox_slots(2, 2, 16, 8, 2));
+    let r2 = r.clone();
+    let sender = thread::spawn(move || {
+        let mut p = Port::<_, V>::with_variant(r2, 0);
+        for (i, m) in msgs.iter().enumerate() {
+            while !p.try_fbox(1, &[i as u64 + 1, 0], &[m], m.len()) {
+                thread::yield_now();
+            }
+        }
+    });
+    let mut p = Port::<_, V>::with_variant(r, 1);
+    let mut got = Vec::new();
+    while got.len() < msgs.len() {
+        if p.poll(|_, env, data| got.push((env[0], data.to_vec()))).unwrap() == 0 {
+            thread::yield_now();
+        }
+    }
+    sender.join().unwrap();
+    for (i, (id, data)) in got.iter().enumerate() {
+        assert_eq!(
+            *id,
+            i as u64 + 1,
+            "a message that was never sent, or overtaken, at {i}"
+        );
+        assert_eq!(data, msgs[i], "wrong bytes at {i}");
+    }
+}
+
+/// Message 1 spans boxes 0 and 1, and its bytes leave 3, the number of the message box 1
+/// holds next, where box 1's sequence word is.
+const SPAN_THEN_SMALL: &[&[u8]] = &[
+    &[1, 1, 1, 1, 1, 1, 1, 1, 3, 0, 0, 0, 0, 0, 0, 0],
+    &[2; 8],
+    &[3; 8],
+];
+
+/// Message 2 starts in the last box and runs into the room after the ring.
+const SPAN_AT_THE_END: &[&[u8]] = &[&[1; 8], &[2; 16], &[3; 8]];
+
+#[test]
+fn messages_span_boxes_and_the_room_after_the_ring() {
+    common::model(3, || through_ring::<Sound>(SPAN_THEN_SMALL));
+    common::model(3, || through_ring::<Sound>(SPAN_AT_THE_END));
+}
+
+#[test]
+fn span_model_catches_bytes_left_for_a_sequence_word() {
+    common::must_fail(2, &["never sent", "Causality violation"], || {
+        through_ring::<NoSpanClear>(SPAN_THEN_SMALL)
+    });
+}
+
+#[test]
+fn span_model_catches_a_relaxed_acknowledgement() {
+    common::must_fail(2, &["Causality violation"], || {
+        through_ring::<RelaxedFboxReturn>(SPAN_AT_THE_END)
+    });
 }
 
 /// Small (fastbox), large (cell), small (fastbox or cell, whichever is free).

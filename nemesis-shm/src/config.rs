@@ -14,8 +14,8 @@ pub const DEFAULT_FBOX_SIZE: u32 = 1152;
 /// [`FBOX_BUDGET`] asks for fewer: enough that a stream of small messages does not wait
 /// for the receiver's acknowledgement of each one.
 pub const DEFAULT_FBOX_SLOTS: u32 = 64;
-/// Most bytes the default number of fastbox slots may take in one segment; with more
-/// processes the default halves until the fastboxes fit (down to one slot per pair).
+/// Most bytes the default number of fastbox slots may take in one segment, rings whole;
+/// with more processes the default halves until they fit (down to one slot per pair).
 pub const FBOX_BUDGET: usize = 64 << 20;
 /// Most fastboxes per ordered pair.
 pub const MAX_FBOX_SLOTS: u32 = 64;
@@ -126,16 +126,19 @@ impl Geometry {
     }
 
     /// The geometry with the number of fastbox slots decided for `nprocs` processes: the
-    /// one asked for, or else [`DEFAULT_FBOX_SLOTS`] halved until the fastboxes of every
+    /// one asked for, or else [`DEFAULT_FBOX_SLOTS`] halved until the rings of every
     /// ordered pair fit [`FBOX_BUDGET`].
     pub fn resolve(mut self, nprocs: u32) -> Self {
         if self.fbox_slots == 0 {
             let pairs = nprocs as usize * (nprocs as usize).saturating_sub(1);
             let mut k = DEFAULT_FBOX_SLOTS;
-            while k > 1 && pairs.saturating_mul(k as usize * self.fbox_size as usize) > FBOX_BUDGET {
+            loop {
+                self.fbox_slots = k;
+                if k == 1 || pairs.saturating_mul(self.fbox_ring_bytes()) <= FBOX_BUDGET {
+                    break;
+                }
                 k /= 2;
             }
-            self.fbox_slots = k;
         }
         self
     }
@@ -145,14 +148,33 @@ impl Geometry {
         (self.cell_size - CELL_HEADER) as usize
     }
 
-    /// Bytes of one ordered pair's ring of fastboxes, head included, once
-    /// [`Geometry::resolve`]d; 0 when fastboxes are off.
+    /// Bytes of one ordered pair's ring of fastboxes, once [`Geometry::resolve`]d: the
+    /// head, the boxes, and after them room for the rest of a message that starts in the
+    /// last box and spans [`Geometry::fbox_max_span`] boxes; 0 when fastboxes are off.
     pub fn fbox_ring_bytes(&self) -> usize {
         if self.fbox_size == 0 {
             0
         } else {
-            FBOX_RING_HEADER as usize + self.fbox_slots as usize * self.fbox_size as usize
+            let boxes = self.fbox_slots as usize + self.fbox_max_span() as usize - 1;
+            FBOX_RING_HEADER as usize + boxes * self.fbox_size as usize
         }
+    }
+
+    /// Most consecutive boxes of a ring one message may take, once
+    /// [`Geometry::resolve`]d: as many as a cell's payload needs, and no more than the
+    /// ring has. A message whose header and payload pass the end of a box runs on into
+    /// the next ones.
+    pub fn fbox_max_span(&self) -> u32 {
+        if self.fbox_size == 0 {
+            return 0;
+        }
+        let need = (self.cell_capacity() as u32 + FBOX_HEADER).div_ceil(self.fbox_size);
+        need.min(self.fbox_slots.max(1))
+    }
+
+    /// Payload bytes of a message that takes [`Geometry::fbox_max_span`] boxes.
+    pub fn fbox_span_capacity(&self) -> usize {
+        (self.fbox_max_span() * self.fbox_size).saturating_sub(FBOX_HEADER) as usize
     }
 
     /// Payload bytes of one fastbox; 0 when fastboxes are off.
@@ -279,13 +301,17 @@ mod tests {
     fn fastbox_slots_default_by_process_count_and_can_be_set() {
         let d = Geometry::default();
         assert_eq!(d.resolve(2).fbox_slots, DEFAULT_FBOX_SLOTS);
-        assert_eq!(d.resolve(16).fbox_slots, 64);
-        // 32 x 31 pairs of 1152-byte boxes: 64 slots would take 70 MiB.
-        assert_eq!(d.resolve(32).fbox_slots, 32);
-        assert_eq!(d.resolve(64).fbox_slots, 8);
-        // 128 x 127 pairs: 4 slots would take 71 MiB.
+        // A ring of 64 boxes of 1152 bytes has room for 7 more after it, for a message
+        // of a cell's payload that starts in its last box: 80 KiB with its head.
+        assert_eq!(d.resolve(2).fbox_ring_bytes(), 128 + 71 * 1152);
+        assert_eq!(d.resolve(29).fbox_slots, 64);
+        // 30 x 29 pairs of 80 KiB take 68 MiB.
+        assert_eq!(d.resolve(30).fbox_slots, 32);
+        assert_eq!(d.resolve(64).fbox_slots, 4);
+        assert_eq!(d.resolve(64).fbox_max_span(), 4);
         assert_eq!(d.resolve(128).fbox_slots, 2);
         assert_eq!(d.resolve(4096).fbox_slots, 1);
+        assert_eq!(d.resolve(4096).fbox_ring_bytes(), 128 + 1152);
         let g = Geometry::from_lookup(env(&[("NEMESIS_FBOX_SLOTS", "2")])).unwrap();
         assert_eq!(g.resolve(1000).fbox_slots, 2);
         for bad in ["3", "128", "x"] {

@@ -5,7 +5,7 @@
 use crate::doorbell::Doorbell;
 use crate::queue::{Links, QueueShared};
 use crate::region::{CellAccess, CellMeta, Envelope, FboxAccess, Region, fbox_index, gather};
-use crate::sync::{AtomicU32, AtomicU64, CachePadded, UnsafeCell};
+use crate::sync::{AtomicU32, AtomicU64, CachePadded, Ordering, UnsafeCell};
 
 /// A heap-backed region.
 #[derive(Debug)]
@@ -15,6 +15,8 @@ pub struct HeapRegion {
     cell_capacity: usize,
     fbox_capacity: usize,
     fbox_slots: u32,
+    /// Most boxes one message takes.
+    fbox_max_span: usize,
     recv: Vec<CachePadded<QueueShared>>,
     free: Vec<CachePadded<QueueShared>>,
     bells: Vec<CachePadded<Doorbell>>,
@@ -22,7 +24,10 @@ pub struct HeapRegion {
     cells: Vec<HeapCell>,
 }
 
-/// One ordered pair's ring of fastboxes.
+/// One ordered pair's ring of fastboxes, with `max_span - 1` boxes after it for the rest
+/// of a message that starts in the last one. A message longer than a box holds goes on
+/// in the next boxes' payload areas, and, as in the segment, its bytes overwrite the
+/// sequence words of the ring's boxes it runs into.
 #[derive(Debug)]
 struct HeapLane {
     ack: AtomicU64,
@@ -75,19 +80,27 @@ impl HeapRegion {
         assert!(fbox_slots.is_power_of_two());
         let n = nprocs as usize;
         let lanes = if fbox_capacity > 0 { n * (n - 1) } else { 0 };
+        let max_span = if fbox_capacity > 0 {
+            cell_capacity
+                .div_ceil(fbox_capacity)
+                .clamp(1, fbox_slots as usize)
+        } else {
+            1
+        };
         Self {
             nprocs,
             cells_per_proc,
             cell_capacity,
             fbox_capacity,
             fbox_slots,
+            fbox_max_span: max_span,
             recv: (0..n).map(|_| CachePadded(QueueShared::new())).collect(),
             free: (0..n).map(|_| CachePadded(QueueShared::new())).collect(),
             bells: (0..n).map(|_| CachePadded(Doorbell::new())).collect(),
             lanes: (0..lanes)
                 .map(|_| HeapLane {
                     ack: AtomicU64::new(0),
-                    boxes: (0..fbox_slots)
+                    boxes: (0..fbox_slots as usize + max_span - 1)
                         .map(|_| HeapFbox {
                             seq: AtomicU64::new(0),
                             data: UnsafeCell::new(([0; 2], 0, vec![0; fbox_capacity].into_boxed_slice())),
@@ -112,31 +125,83 @@ impl Links for HeapRegion {
     }
 }
 
-/// A fastbox of a [`HeapRegion`].
+/// A fastbox of a [`HeapRegion`]: box `at` of a ring of `slots`.
 #[derive(Debug, Clone, Copy)]
-pub struct HeapFboxRef<'a>(&'a HeapFbox);
+pub struct HeapFboxRef<'a> {
+    lane: &'a HeapLane,
+    at: usize,
+    slots: usize,
+}
 
 impl<'a> FboxAccess<'a> for HeapFboxRef<'a> {
     fn seq(self) -> &'a AtomicU64 {
-        &self.0.seq
+        &self.lane.boxes[self.at].seq
     }
     unsafe fn write(self, env: &Envelope, payload: &[&[u8]], len: usize) {
-        self.0.data.with_mut(|p| {
+        let bytes = payload.concat();
+        assert_eq!(bytes.len(), len);
+        let cap = self.lane.boxes[self.at].data.with(|p| {
             // SAFETY: the caller is the only writer and the reader is done with the box.
+            let (_, _, buf) = unsafe { &*p };
+            buf.len()
+        });
+        let mut chunks = bytes.chunks(cap.max(1));
+        let first = chunks.next().unwrap_or(&[]);
+        self.lane.boxes[self.at].data.with_mut(|p| {
+            // SAFETY: as above.
             let (e, l, buf) = unsafe { &mut *p };
-            assert!(len <= buf.len());
             *e = *env;
             *l = len;
-            // SAFETY: `buf` has room for `len` bytes, checked above.
-            unsafe { gather(buf.as_mut_ptr(), payload) };
-        })
+            buf[..first.len()].copy_from_slice(first);
+        });
+        for (j, chunk) in chunks.enumerate() {
+            let at = self.at + 1 + j;
+            let b = &self.lane.boxes[at];
+            b.data.with_mut(|p| {
+                // SAFETY: the span's boxes are the caller's, as above.
+                let (_, _, buf) = unsafe { &mut *p };
+                buf[..chunk.len()].copy_from_slice(chunk);
+            });
+            if at < self.slots {
+                // What the segment does to a box's sequence word that the bytes run over.
+                let mut word = [0u8; 8];
+                let n = chunk.len().min(8);
+                word[..n].copy_from_slice(&chunk[..n]);
+                b.seq.store(u64::from_le_bytes(word), Ordering::Relaxed);
+            }
+        }
+    }
+    unsafe fn claim(self) {
+        self.lane.boxes[self.at].data.with_mut(|p| {
+            // SAFETY: the caller owns the box, which its receiver does not read now.
+            unsafe { (*p).1 = 0 };
+        });
     }
     unsafe fn read<R>(self, f: impl FnOnce(&Envelope, &[u8]) -> R) -> R {
-        self.0.data.with(|p| {
+        let (env, len, cap) = self.lane.boxes[self.at].data.with(|p| {
             // SAFETY: the caller acquired the message and the sender waits for our ack.
             let (e, l, buf) = unsafe { &*p };
-            f(e, &buf[..*l])
-        })
+            (*e, *l, buf.len())
+        });
+        if len <= cap {
+            return self.lane.boxes[self.at].data.with(|p| {
+                // SAFETY: as above.
+                let (_, _, buf) = unsafe { &*p };
+                f(&env, &buf[..len])
+            });
+        }
+        let mut bytes = Vec::with_capacity(len);
+        let mut at = self.at;
+        while bytes.len() < len {
+            let want = (len - bytes.len()).min(cap);
+            self.lane.boxes[at].data.with(|p| {
+                // SAFETY: as above, for every box of the span.
+                let (_, _, buf) = unsafe { &*p };
+                bytes.extend_from_slice(&buf[..want])
+            });
+            at += 1;
+        }
+        f(&env, &bytes)
     }
 }
 
@@ -173,6 +238,7 @@ impl Region for HeapRegion {
     type Cell<'a> = HeapCellRef<'a>;
     type ProcKey = u32;
     type FboxKey = usize;
+    type BoxKey = (usize, usize);
 
     fn nprocs(&self) -> u32 {
         self.nprocs
@@ -188,6 +254,13 @@ impl Region for HeapRegion {
     }
     fn fbox_slots(&self) -> u32 {
         self.fbox_slots
+    }
+    fn fbox_span(&self, len: usize) -> u64 {
+        if self.fbox_capacity == 0 {
+            return 0;
+        }
+        let n = len.div_ceil(self.fbox_capacity).max(1);
+        if n <= self.fbox_max_span { n as u64 } else { 0 }
     }
     fn proc_key(&self, p: u32) -> u32 {
         assert!(p < self.nprocs, "local process {p} of {}", self.nprocs);
@@ -206,8 +279,15 @@ impl Region for HeapRegion {
     unsafe fn doorbell_of(&self, p: u32) -> &Doorbell {
         &self.bells[p as usize]
     }
-    unsafe fn fbox_of(&self, lane: usize, i: u64) -> HeapFboxRef<'_> {
-        HeapFboxRef(&self.lanes[lane].boxes[(i & (self.fbox_slots as u64 - 1)) as usize])
+    unsafe fn box_key(&self, lane: usize, i: u64) -> (usize, usize) {
+        (lane, (i & (self.fbox_slots as u64 - 1)) as usize)
+    }
+    unsafe fn fbox_at(&self, (lane, at): (usize, usize)) -> HeapFboxRef<'_> {
+        HeapFboxRef {
+            lane: &self.lanes[lane],
+            at,
+            slots: self.fbox_slots as usize,
+        }
     }
     unsafe fn fbox_ack_of(&self, lane: usize) -> &AtomicU64 {
         &self.lanes[lane].ack

@@ -58,23 +58,50 @@ impl<R: Region, V: Variant> std::fmt::Debug for Port<R, V> {
 struct Peer<R: Region> {
     /// The peer's local index.
     index: u32,
-    /// The ring of fastboxes we write to the peer, and the one it writes to us.
-    boxes: Option<(R::FboxKey, R::FboxKey)>,
+    /// Our two rings of fastboxes with the peer; `None` when fastboxes are off.
+    boxes: Option<Rings<R>>,
     /// The peer's queues and doorbell.
     slot: R::ProcKey,
     /// Next sequence number to send; numbers start at 1.
     send_seq: u64,
-    /// Boxes of our ring to the peer that we have filled.
-    fbox_sent: u64,
-    /// The peer's acknowledgement of that ring as we last read it: the sender reads the
-    /// word again only when this says the ring is full.
-    fbox_acked: u64,
-    /// Boxes of the peer's ring to us that we have consumed.
-    fbox_taken: u64,
     /// Next sequence number due from the peer.
     recv_seq: u64,
     /// Cells sent to the peer and not yet seen back.
     inflight: u32,
+}
+
+/// Where we are in the ring of fastboxes we write to a peer and the one it writes to us.
+struct Rings<R: Region> {
+    out: R::FboxKey,
+    inn: R::FboxKey,
+    /// Boxes of `out` that we have filled.
+    sent: u64,
+    /// The peer's acknowledgement of `out` as we last read it: the sender reads the word
+    /// again only when this says the ring is full.
+    acked: u64,
+    /// Boxes of `inn` that we have consumed.
+    taken: u64,
+    /// The box of `out` we fill next, and the box of `inn` we look at next, kept so that
+    /// a poll is one load from the book and one from the box.
+    out_next: R::BoxKey,
+    in_next: R::BoxKey,
+}
+
+impl<R: Region> Rings<R> {
+    fn new(region: &R, me: u32, peer: u32) -> Self {
+        let (out, inn) = (region.fbox_key(me, peer), region.fbox_key(peer, me));
+        // SAFETY: keys just made by this region.
+        let (out_next, in_next) = unsafe { (region.box_key(out, 0), region.box_key(inn, 0)) };
+        Self {
+            out,
+            inn,
+            sent: 0,
+            acked: 0,
+            taken: 0,
+            out_next,
+            in_next,
+        }
+    }
 }
 
 /// The private bookkeeping, apart from the region so both can be borrowed at once.
@@ -127,12 +154,9 @@ impl<R: Region, V: Variant> Port<R, V> {
             .filter(|&p| p != me)
             .map(|p| Peer {
                 index: p,
-                boxes: (fbox_cap > 0).then(|| (region.fbox_key(me, p), region.fbox_key(p, me))),
+                boxes: (fbox_cap > 0).then(|| Rings::new(&*region, me, p)),
                 slot: region.proc_key(p),
                 send_seq: 1,
-                fbox_sent: 0,
-                fbox_acked: 0,
-                fbox_taken: 0,
                 recv_seq: 1,
                 inflight: 0,
             })
@@ -232,7 +256,7 @@ impl<R: Region, V: Variant> Port<R, V> {
         if unsafe { self.try_fbox_unchecked(dest, env, payload, len) } {
             return Ok(());
         }
-        self.try_send_cell(dest, env, payload, len)
+        self.try_send_slow(dest, env, payload, len)
     }
 
     /// Sends through the next fastbox to `dest` if the message fits and the box is free;
@@ -256,45 +280,50 @@ impl<R: Region, V: Variant> Port<R, V> {
         // SAFETY: the caller guarantees `dest < n` and `dest != me`, so the position is
         // below `n - 1`, the length of `peers`.
         let peer = unsafe { b.peers.get_unchecked_mut(b.pos(dest)) };
-        let seq = peer.send_seq;
-        if let Some((out, _)) = peer.boxes
-            && len <= b.fbox_cap
-        {
-            let sent = peer.fbox_sent;
-            if sent - peer.fbox_acked >= b.fbox_slots {
-                // SAFETY: every key in the book was made by `region`.
-                peer.fbox_acked = unsafe { region.fbox_ack_of(out) }.load(Ordering::Acquire);
-                if sent - peer.fbox_acked >= b.fbox_slots {
-                    return false;
-                }
-            }
-            // SAFETY: a key of this region.
-            let out = unsafe { region.fbox_of(out, sent) };
-            // SAFETY: we are this ring's only sender; the receiver has consumed box
-            // `sent - slots`, the last one this box held (its acknowledgement, acquired
-            // above or earlier, counts past it); `len` fits the box.
-            unsafe { out.write(env, payload, len) };
-            out.seq().store(seq, V::FBOX_PUBLISH);
-            peer.fbox_sent = sent + 1;
-            peer.send_seq = seq + 1;
-            // SAFETY: a key of this region.
-            if unsafe { region.doorbell_of(peer.slot) }.ring() && V::WAKE_WATCHERS {
-                wake_peer(wake, peer.index);
-            }
-            return true;
+        if peer.boxes.is_none() {
+            return false;
         }
-        false
+        len <= b.fbox_cap && put_fbox::<R, V>(region, wake, peer, b.fbox_slots, 1, env, payload, len)
     }
 
-    /// The queue path of [`Port::try_send`]: a cell from our pool onto the receiver's
-    /// queue. Kept out of line so the fastbox path stays small. Public for a caller that
-    /// has just found the fastbox busy ([`Port::try_fbox_unchecked`]): a second look would
-    /// only fetch the line the receiver acknowledges on once more.
+    /// Sends through fastboxes alone, never a cell: the next box, or the next boxes a
+    /// message longer than one box spans. Returns whether it did; for a caller that would
+    /// rather wait for the ring than take a cell.
+    ///
+    /// # Panics
+    /// As for [`Port::try_send`].
+    pub fn try_fbox(&mut self, dest: u32, env: &Envelope, payload: &[&[u8]], len: usize) -> bool {
+        let b = &mut self.book;
+        if dest == b.me || dest >= b.n {
+            bad_dest(dest, b.me, b.n);
+        }
+        if len <= b.fbox_cap {
+            // SAFETY: checked just above.
+            return unsafe { self.try_fbox_unchecked(dest, env, payload, len) };
+        }
+        let pos = b.pos(dest);
+        len <= b.cell_cap
+            && put_fbox_span::<R, V>(
+                &*self.region,
+                &self.wake,
+                &mut b.peers[pos],
+                b.fbox_slots,
+                env,
+                payload,
+                len,
+            )
+    }
+
+    /// The path of [`Port::try_send`] after one fastbox: a message longer than one box
+    /// into the next boxes of the ring if they are free, else a cell from our pool onto
+    /// the receiver's queue. Kept out of line so the one-box path stays small. Public for
+    /// a caller that has just tried that path ([`Port::try_fbox_unchecked`]): a second
+    /// look would only read the receiver's acknowledgement once more.
     ///
     /// # Panics
     /// As for [`Port::try_send`].
     #[inline(never)]
-    pub fn try_send_cell(
+    pub fn try_send_slow(
         &mut self,
         dest: u32,
         env: &Envelope,
@@ -313,6 +342,19 @@ impl<R: Region, V: Variant> Port<R, V> {
             "{len} bytes do not fit a cell of {}",
             b.cell_cap
         );
+        if len > b.fbox_cap
+            && put_fbox_span::<R, V>(
+                region,
+                &self.wake,
+                &mut b.peers[pos],
+                b.fbox_slots,
+                env,
+                payload,
+                len,
+            )
+        {
+            return Ok(());
+        }
         let Some(h) = b.take_cell::<V>(region, dest) else {
             return Err(Full);
         };
@@ -346,7 +388,7 @@ impl<R: Region, V: Variant> Port<R, V> {
         let mut got = 0;
         // Peers have no boxes when fastboxes are off.
         for peer in b.peers.iter_mut() {
-            if take_fbox::<R, V, F>(region, peer, &mut f) {
+            if take_fbox::<R, V, F>(region, peer, b.fbox_cap, b.fbox_slots, &mut f) {
                 got += 1;
             }
         }
@@ -380,7 +422,7 @@ impl<R: Region, V: Variant> Port<R, V> {
         }
         let pos = b.pos(src);
         match b.peers.get_mut(pos) {
-            Some(peer) => take_fbox::<R, V, F>(&*self.region, peer, &mut f),
+            Some(peer) => take_fbox::<R, V, F>(&*self.region, peer, b.fbox_cap, b.fbox_slots, &mut f),
             None => false,
         }
     }
@@ -404,7 +446,7 @@ impl<R: Region, V: Variant> Port<R, V> {
             let peer = &mut b.peers[pos];
             if V::SEQ_CHECK && meta.seq != peer.recv_seq as u32 {
                 // Its predecessor went through the fastbox, which was published first.
-                if take_fbox::<R, V, F>(region, peer, f) {
+                if take_fbox::<R, V, F>(region, peer, b.fbox_cap, b.fbox_slots, f) {
                     got += 1;
                     continue;
                 }
@@ -442,9 +484,9 @@ impl<R: Region, V: Variant> Port<R, V> {
         let b = &self.book;
         let region = &*self.region;
         for peer in b.peers.iter() {
-            if let Some((_, inn)) = peer.boxes
+            if let Some(r) = &peer.boxes
                 // SAFETY: a key of this region.
-                && unsafe { region.fbox_of(inn, peer.fbox_taken) }.seq().load(Ordering::Acquire) == peer.recv_seq
+                && unsafe { region.fbox_at(r.in_next) }.seq().load(Ordering::Acquire) == peer.recv_seq
             {
                 return true;
             }
@@ -524,31 +566,139 @@ fn bad_dest(dest: u32, me: u32, n: u32) -> ! {
     panic!("local process {me} cannot send through the port to {dest} (of {n})")
 }
 
+/// Puts a message into the next `span` boxes of our ring to `peer` (which has boxes) if
+/// they are free; returns whether it did.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn put_fbox<R: Region, V: Variant>(
+    region: &R,
+    wake: &Option<Arc<dyn Wake>>,
+    peer: &mut Peer<R>,
+    slots: u64,
+    span: u64,
+    env: &Envelope,
+    payload: &[&[u8]],
+    len: usize,
+) -> bool {
+    let Some(r) = &mut peer.boxes else {
+        return false;
+    };
+    let seq = peer.send_seq;
+    let sent = r.sent;
+    if sent + span - r.acked > slots {
+        // SAFETY: every key in the book was made by `region`.
+        r.acked = unsafe { region.fbox_ack_of(r.out) }.load(Ordering::Acquire);
+        if sent + span - r.acked > slots {
+            return false;
+        }
+    }
+    // SAFETY: a key of this region.
+    let out = unsafe { region.fbox_at(r.out_next) };
+    // SAFETY: we are this ring's only sender; the receiver has consumed the messages
+    // these `span` boxes held last (its acknowledgement, acquired above or earlier,
+    // counts past them); `span` is the span of `len`.
+    unsafe { out.write(env, payload, len) };
+    out.seq().store(seq, V::FBOX_PUBLISH);
+    r.sent = sent + span;
+    // SAFETY: a key of this region.
+    r.out_next = unsafe { region.box_key(r.out, sent + span) };
+    peer.send_seq = seq + 1;
+    // SAFETY: a key of this region.
+    if unsafe { region.doorbell_of(peer.slot) }.ring() && V::WAKE_WATCHERS {
+        wake_peer(wake, peer.index);
+    }
+    true
+}
+
+/// [`put_fbox`] for a message longer than one box holds and no longer than a cell's
+/// payload.
+#[inline(always)]
+fn put_fbox_span<R: Region, V: Variant>(
+    region: &R,
+    wake: &Option<Arc<dyn Wake>>,
+    peer: &mut Peer<R>,
+    slots: u64,
+    env: &Envelope,
+    payload: &[&[u8]],
+    len: usize,
+) -> bool {
+    match region.fbox_span(len) {
+        0 => false,
+        span => put_fbox::<R, V>(region, wake, peer, slots, span, env, payload, len),
+    }
+}
+
 /// Delivers the message in the next box of the peer's ring to us if it is the one due.
+/// `one` is the payload one box holds.
 #[inline(always)]
 fn take_fbox<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
     region: &R,
     peer: &mut Peer<R>,
+    one: usize,
+    slots: u64,
     f: &mut F,
 ) -> bool {
-    let Some((_, inn)) = peer.boxes else {
+    let Some(r) = &mut peer.boxes else {
         return false;
     };
-    let taken = peer.fbox_taken;
     // SAFETY: a key of this region.
-    let inbox = unsafe { region.fbox_of(inn, taken) };
+    let inbox = unsafe { region.fbox_at(r.in_next) };
     let due = peer.recv_seq;
     if inbox.seq().load(Ordering::Acquire) != due {
         return false;
     }
     // SAFETY: the Acquire load saw the message `due`, which we have not acknowledged,
-    // so the sender leaves the box alone until our acknowledgement below counts it.
-    unsafe { inbox.read(|env, data| f(peer.index, env, data)) };
+    // so the sender leaves its boxes alone until our acknowledgement below counts them.
+    let len = unsafe {
+        inbox.read(|env, data| {
+            f(peer.index, env, data);
+            data.len()
+        })
+    };
+    let taken = r.taken;
+    let span = if len <= one {
+        1
+    } else {
+        clear_span::<R, V>(region, r.inn, taken, len)
+    };
     peer.recv_seq = due + 1;
-    peer.fbox_taken = taken + 1;
-    // SAFETY: a key of this region.
-    unsafe { region.fbox_ack_of(inn) }.store(taken + 1, V::FBOX_RETURN);
+    r.taken = taken + span;
+    // SAFETY: keys of this region.
+    unsafe {
+        r.in_next = region.box_key(r.inn, taken + span);
+        region.fbox_ack_of(r.inn).store(taken + span, V::FBOX_RETURN);
+    }
+    // A reply is likely: take the line of the box it would go into now, as a single
+    // box did when its acknowledgement shared the line with the reply.
+    if r.sent < r.acked + slots {
+        // SAFETY: a key of this region; by the acknowledgement we acquired, the box is
+        // ours.
+        unsafe { region.fbox_at(r.out_next).claim() };
+    }
     true
+}
+
+/// Clears the sequence words of the boxes of ring `inn` that the message of `len` bytes
+/// in box `taken` ran over, so that what its bytes left there is never taken for a
+/// message; returns the message's span. Inline: a call here would make the one-box path
+/// keep its state in memory across it.
+#[inline(always)]
+fn clear_span<R: Region, V: Variant>(region: &R, inn: R::FboxKey, taken: u64, len: usize) -> u64 {
+    // The length was clamped to the longest span when read.
+    let span = region.fbox_span(len).max(1);
+    let slots = u64::from(region.fbox_slots());
+    let first = taken & (slots - 1);
+    if V::FBOX_CLEAR_SPAN {
+        // Boxes past the ring's end are room for the rest of a message only, never read
+        // for a sequence word.
+        for j in 1..span.min(slots - first) {
+            // SAFETY: a key of this region.
+            unsafe { region.fbox_of(inn, taken + j) }
+                .seq()
+                .store(0, Ordering::Relaxed);
+        }
+    }
+    span
 }
 
 impl<R: Region> Book<R> {

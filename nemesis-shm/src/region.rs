@@ -34,16 +34,27 @@ pub struct CellMeta {
 /// ring) only once that count exceeds `i - slots`, and reads the word only when its last
 /// reading says the ring is full, so a stream of small messages moves about one cache
 /// line per message instead of a round trip.
+///
+/// A message longer than one box holds runs on into the following boxes, as many as
+/// [`Region::fbox_span`] says; a ring has room after its last box for the rest of one
+/// that starts there. The boxes it covers count as taken, and the receiver clears their
+/// sequence words, which the payload overwrote, before it acknowledges them.
 pub trait FboxAccess<'a>: Copy {
     /// The sequence word, which publishes the contents.
     fn seq(self) -> &'a AtomicU64;
-    /// Writes a message into the box.
+    /// Writes a message into the box and the ones after it that its span covers.
     ///
     /// # Safety
-    /// The caller is the box's only sender, the receiver has acknowledged the message this
-    /// box held last, and `len` is the total length of `payload`, at most the region's
-    /// fastbox capacity.
+    /// The caller is the ring's only sender, the receiver has acknowledged the messages
+    /// these boxes held last, and `len` is the total length of `payload`, whose span
+    /// ([`Region::fbox_span`]) is not 0.
     unsafe fn write(self, env: &Envelope, payload: &[&[u8]], len: usize);
+    /// Writes to the box without publishing anything: a sender that expects to fill the
+    /// box soon takes its cache line for writing now, off the path of the message.
+    ///
+    /// # Safety
+    /// As for [`FboxAccess::write`].
+    unsafe fn claim(self);
     /// Reads the message in the box in place.
     ///
     /// # Safety
@@ -95,6 +106,8 @@ pub trait Region: Links + Send + Sync {
     type ProcKey: Copy + Send + Sync + std::fmt::Debug;
     /// Names one ordered pair's ring of fastboxes.
     type FboxKey: Copy + Send + Sync + std::fmt::Debug;
+    /// Names one box of a ring, so that the box a process polls next is one load away.
+    type BoxKey: Copy + Send + Sync + std::fmt::Debug;
 
     /// Number of processes.
     fn nprocs(&self) -> u32;
@@ -106,6 +119,9 @@ pub trait Region: Links + Send + Sync {
     fn fbox_capacity(&self) -> usize;
     /// Fastboxes in each ordered pair's ring, a power of two.
     fn fbox_slots(&self) -> u32;
+    /// How many consecutive boxes a message of `len` payload bytes takes (at least 1), or
+    /// 0 when it is too long for a fastbox.
+    fn fbox_span(&self, len: usize) -> u64;
     /// The key of process `p`.
     fn proc_key(&self, p: u32) -> Self::ProcKey;
     /// The key of the ring of fastboxes written by `from` and read by `to`; fastboxes
@@ -126,12 +142,25 @@ pub trait Region: Links + Send + Sync {
     /// # Safety
     /// `k` was made by this region.
     unsafe fn doorbell_of(&self, k: Self::ProcKey) -> &Doorbell;
-    /// Box `i` of a ring, counted from the ring's start: the box at `i` modulo
+    /// The key of box `i` of a ring, counted from the ring's start: the box at `i` modulo
     /// [`Region::fbox_slots`].
     ///
     /// # Safety
     /// `k` was made by this region.
-    unsafe fn fbox_of(&self, k: Self::FboxKey, i: u64) -> Self::Fbox<'_>;
+    unsafe fn box_key(&self, k: Self::FboxKey, i: u64) -> Self::BoxKey;
+    /// A box.
+    ///
+    /// # Safety
+    /// `b` was made by this region.
+    unsafe fn fbox_at(&self, b: Self::BoxKey) -> Self::Fbox<'_>;
+    /// Box `i` of a ring (see [`Region::box_key`]).
+    ///
+    /// # Safety
+    /// `k` was made by this region.
+    unsafe fn fbox_of(&self, k: Self::FboxKey, i: u64) -> Self::Fbox<'_> {
+        // SAFETY: passed on from our caller; the box key was just made by this region.
+        unsafe { self.fbox_at(self.box_key(k, i)) }
+    }
     /// The acknowledgement word of a ring: how many of its boxes the receiver has
     /// consumed.
     ///

@@ -240,6 +240,8 @@ struct Hot {
     nlanes: usize,
     fbox_stride: usize,
     fbox_mask: u64,
+    fbox_max_span: u64,
+    fbox_span_capacity: usize,
     cells: *mut u8,
     cell_stride: usize,
     ncells: usize,
@@ -472,6 +474,8 @@ impl Segment {
                 nlanes: if layout.geo.fbox_size == 0 { 0 } else { n * (n - 1) },
                 fbox_stride: layout.geo.fbox_size as usize,
                 fbox_mask: u64::from(layout.geo.fbox_slots) - 1,
+                fbox_max_span: u64::from(layout.geo.fbox_max_span()),
+                fbox_span_capacity: layout.geo.fbox_span_capacity(),
                 cells: base.add(layout.cells),
                 cell_stride: layout.geo.cell_size as usize,
                 ncells: layout.total_cells,
@@ -719,7 +723,8 @@ impl<'a> FboxAccess<'a> for SegFbox<'a> {
     #[inline(always)]
     unsafe fn write(self, env: &Envelope, payload: &[&[u8]], len: usize) {
         let h = self.head;
-        // SAFETY: the caller is the only writer now and `len` fits after the header.
+        // SAFETY: the caller is the only writer of the span now, and the span's boxes,
+        // contiguous (the ring has room after its last box), hold `len` after the header.
         unsafe {
             addr_of_mut!((*h).len).write(len as u32);
             addr_of_mut!((*h).env).write(*env);
@@ -727,10 +732,17 @@ impl<'a> FboxAccess<'a> for SegFbox<'a> {
         }
     }
     #[inline(always)]
+    unsafe fn claim(self) {
+        // SAFETY: the caller owns the box; its receiver reads the length only after the
+        // sequence word publishes a message, which this does not.
+        unsafe { addr_of_mut!((*self.head).len).write(0) };
+    }
+    #[inline(always)]
     unsafe fn read<R>(self, f: impl FnOnce(&Envelope, &[u8]) -> R) -> R {
         let h = self.head;
         // SAFETY: the caller acquired the message; the sender leaves it alone until acked.
-        // The length is clamped to the box, so a corrupt one cannot reach past it.
+        // The length is clamped to the longest span, so a corrupt one cannot reach past
+        // the ring's room.
         unsafe {
             let env = addr_of!((*h).env).read();
             let len = (addr_of!((*h).len).read() as usize).min(self.cap);
@@ -797,6 +809,14 @@ unsafe impl Send for SlotKey {}
 // SAFETY: as above.
 unsafe impl Sync for SlotKey {}
 
+/// Names one fastbox in a [`Segment`].
+#[derive(Debug, Clone, Copy)]
+pub struct BoxKey(NonNull<FboxHead>);
+// SAFETY: an address into shared memory; using it requires the segment (see Region).
+unsafe impl Send for BoxKey {}
+// SAFETY: as above.
+unsafe impl Sync for BoxKey {}
+
 /// Names an ordered pair's ring of fastboxes in a [`Segment`].
 #[derive(Debug, Clone, Copy)]
 pub struct FboxKey(NonNull<LaneHead>);
@@ -810,6 +830,7 @@ impl Region for Segment {
     type Cell<'a> = SegCell<'a>;
     type ProcKey = SlotKey;
     type FboxKey = FboxKey;
+    type BoxKey = BoxKey;
 
     #[inline(always)]
     fn nprocs(&self) -> u32 {
@@ -830,6 +851,15 @@ impl Region for Segment {
     #[inline(always)]
     fn fbox_slots(&self) -> u32 {
         self.layout.geo.fbox_slots
+    }
+    #[inline(always)]
+    fn fbox_span(&self, len: usize) -> u64 {
+        let h = &self.hot;
+        if h.fbox_stride == 0 {
+            return 0;
+        }
+        let n = (len + FBOX_HEADER as usize).div_ceil(h.fbox_stride) as u64;
+        if n <= h.fbox_max_span { n } else { 0 }
     }
     fn proc_key(&self, p: u32) -> SlotKey {
         SlotKey(NonNull::from(self.slot(p)))
@@ -865,14 +895,18 @@ impl Region for Segment {
         unsafe { &k.0.as_ref().bell }
     }
     #[inline(always)]
-    unsafe fn fbox_of(&self, k: FboxKey, i: u64) -> SegFbox<'_> {
+    unsafe fn box_key(&self, k: FboxKey, i: u64) -> BoxKey {
         let h = &self.hot;
         let at = size_of::<LaneHead>() + (i & h.fbox_mask) as usize * h.fbox_stride;
+        // SAFETY: the caller passes a key of this segment; the ring's boxes follow its
+        // head, and the mask keeps the index inside the ring.
+        BoxKey(unsafe { k.0.cast::<u8>().add(at).cast() })
+    }
+    #[inline(always)]
+    unsafe fn fbox_at(&self, b: BoxKey) -> SegFbox<'_> {
         SegFbox {
-            // SAFETY: the caller passes a key of this segment; the ring's boxes follow its
-            // head, and the mask keeps the index inside the ring.
-            head: unsafe { k.0.as_ptr().cast::<u8>().add(at).cast() },
-            cap: self.hot.fbox_capacity,
+            head: b.0.as_ptr(),
+            cap: self.hot.fbox_span_capacity,
             _seg: PhantomData,
         }
     }
@@ -1041,6 +1075,82 @@ mod tests {
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
     }
 
+    /// A message longer than a box runs over the next boxes; the receiver clears the
+    /// sequence words it overwrote, so bytes that look like the next number due are not
+    /// taken for a message.
+    #[test]
+    fn a_message_over_several_boxes_leaves_nothing_that_passes_for_one() {
+        let geo = Geometry {
+            fbox_slots: 4,
+            ..Geometry::default()
+        };
+        let seg = Arc::new(Segment::anonymous(2, geo).unwrap());
+        assert_eq!(seg.fbox_span(2000), 2);
+        assert_eq!(seg.fbox_span(4 * 1152 - 32), 4, "at most the whole ring");
+        assert_eq!(seg.fbox_span(4 * 1152 - 31), 0);
+        let mut a = Port::new(seg.clone(), 0);
+        let mut b = Port::new(seg, 1);
+        let mut got = Vec::new();
+        let poll = |b: &mut Port<Segment>, got: &mut Vec<(u64, Vec<u8>)>| {
+            b.poll(|_, env, d| got.push((env[0], d.to_vec()))).unwrap();
+        };
+        // Message 1 takes boxes 0 and 1; where box 1's sequence word is, its bytes say 5,
+        // the number of the message that box 1 will hold next.
+        let mut long = vec![7u8; 2000];
+        long[1120..1128].copy_from_slice(&5u64.to_le_bytes());
+        a.try_send(1, &[1, 0], &[&long], long.len()).unwrap();
+        a.try_send(1, &[2, 0], &[b"two"], 3).unwrap();
+        a.try_send(1, &[3, 0], &[b"three"], 5).unwrap();
+        assert_eq!(a.cells_for(1), 64, "all three went by fastbox");
+        for _ in 0..3 {
+            poll(&mut b, &mut got);
+        }
+        a.try_send(1, &[4, 0], &[b"four"], 4).unwrap();
+        assert_eq!(a.cells_for(1), 64, "the ring wrapped to box 0");
+        poll(&mut b, &mut got);
+        poll(&mut b, &mut got);
+        assert_eq!(got.len(), 4, "box 1 holds nothing yet");
+        a.try_send(1, &[5, 0], &[b"five"], 4).unwrap();
+        poll(&mut b, &mut got);
+        assert_eq!(got.iter().map(|m| m.0).collect::<Vec<_>>(), [1, 2, 3, 4, 5]);
+        assert_eq!(got[0].1, long);
+        assert_eq!(got[4].1, b"five");
+    }
+
+    #[test]
+    fn threads_stream_every_size_up_to_a_cell_through_the_ring() {
+        let geo = Geometry {
+            fbox_slots: 8,
+            ..Geometry::default()
+        };
+        let seg = Arc::new(Segment::anonymous(2, geo).unwrap());
+        let max = seg.cell_capacity();
+        let mut a = Port::new(seg.clone(), 0);
+        let mut b = Port::new(seg, 1);
+        let sizes: Vec<usize> = (0..3000).map(|i| (i * 2731) % (max + 1)).collect();
+        let send = sizes.clone();
+        let t = std::thread::spawn(move || {
+            for (i, &len) in send.iter().enumerate() {
+                let data: Vec<u8> = (0..len).map(|k| (i + k) as u8).collect();
+                while a.try_send(1, &[i as u64, 0], &[&data], len).is_err() {
+                    a.poll(|_, _, _| {}).unwrap();
+                    std::thread::yield_now();
+                }
+            }
+        });
+        let mut next = 0;
+        while next < sizes.len() {
+            b.poll(|_, env, d| {
+                assert_eq!(env[0], next as u64, "out of order");
+                assert_eq!(d.len(), sizes[next]);
+                assert!(d.iter().enumerate().all(|(k, &x)| x == (next + k) as u8));
+                next += 1;
+            })
+            .unwrap();
+        }
+        t.join().unwrap();
+    }
+
     #[test]
     fn anonymous_segment_carries_messages_between_threads() {
         let seg = Arc::new(Segment::anonymous(2, Geometry::default()).unwrap());
@@ -1064,10 +1174,10 @@ mod tests {
     #[test]
     fn default_memory_for_64_processes() {
         let bytes = Segment::bytes_for(64, Geometry::default()).unwrap();
-        // Cells: 64 x 64 x 8 KiB; 64 x 63 rings of a 128-byte head and 8 fastboxes of
-        // 1152 bytes; eight collective blocks of a 384-byte head and 2 x 64 slots of 272
-        // bytes.
-        let fboxes_end = 512 + 64 * 512 + 64 * 63 * (128 + 8 * 1152usize);
+        // Cells: 64 x 64 x 8 KiB; 64 x 63 rings of a 128-byte head and 4 fastboxes of
+        // 1152 bytes, with room for 3 more after them; eight collective blocks of a
+        // 384-byte head and 2 x 64 slots of 272 bytes.
+        let fboxes_end = 512 + 64 * 512 + 64 * 63 * (128 + 7 * 1152usize);
         let colls = 8 * (384 + 2 * 64 * 272);
         assert_eq!(
             bytes,

@@ -21,6 +21,9 @@ pub trait Variant: 'static {
     /// Store of a ring of fastboxes' acknowledgement word by the receiver, which hands
     /// the boxes it counts back to the sender after the receiver's last read of them.
     const FBOX_RETURN: Ordering = Ordering::Release;
+    /// Whether the receiver of a message that ran over several fastboxes clears the
+    /// sequence words its bytes overwrote before it hands the boxes back.
+    const FBOX_CLEAR_SPAN: bool = true;
     /// Whether the receiver holds back a queue cell until its per-pair sequence is due.
     const SEQ_CHECK: bool = true;
     /// Whether a sleeper looks for work again after announcing that it sleeps.
@@ -115,6 +118,17 @@ pub enum RelaxedFboxReturn {}
 #[cfg(loom)]
 impl Variant for RelaxedFboxReturn {
     const FBOX_RETURN: Ordering = Ordering::Relaxed;
+}
+
+/// Broken: the receiver of a message longer than one fastbox hands its boxes back with
+/// the message's bytes still where the next messages' sequence words go, so a byte
+/// pattern can pass for a message that was never sent.
+#[cfg(loom)]
+#[derive(Debug)]
+pub enum NoSpanClear {}
+#[cfg(loom)]
+impl Variant for NoSpanClear {
+    const FBOX_CLEAR_SPAN: bool = false;
 }
 
 /// Broken: queue cells are delivered without waiting for an earlier fastbox message.

@@ -322,7 +322,7 @@ impl ShmChannel {
                 Ok(SendStatus::Sent)
             }
             // With nothing pending, `try_fast_send` has just found the fastbox busy.
-            _ if self.pending.count() == 0 && self.port.try_send_cell(local, &env, payload, len).is_ok() => {
+            _ if self.pending.count() == 0 && self.port.try_send_slow(local, &env, payload, len).is_ok() => {
                 Ok(SendStatus::Sent)
             }
             // SAFETY: any other value is another local process's index.
