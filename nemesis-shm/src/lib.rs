@@ -1,7 +1,7 @@
 //! The shared-memory substrate of nemesis.
 //!
 //! One segment per node holds, for each process, a receive queue, a free queue, a
-//! doorbell and a pool of cells, and for each ordered pair of processes a fastbox.
+//! doorbell and a pool of cells, and for each ordered pair of processes a ring of fastboxes.
 //! Queues are Nemesis lock-free MPSC queues linked by offsets, so each process may map the
 //! segment at its own address. The crate knows nothing of tags, networks or what ranks
 //! mean: it moves opaque headers and payloads between local process indices.

@@ -209,7 +209,8 @@ impl<R: Region, V: Variant> Port<R, V> {
         self.book.cell_cap
     }
 
-    /// The largest payload that can travel in a fastbox.
+    /// The largest payload that can travel in one fastbox (longer ones, up to
+    /// [`Port::max_payload`], take several).
     pub fn fbox_capacity(&self) -> usize {
         self.book.fbox_cap
     }
@@ -302,16 +303,23 @@ impl<R: Region, V: Variant> Port<R, V> {
             return unsafe { self.try_fbox_unchecked(dest, env, payload, len) };
         }
         let pos = b.pos(dest);
-        len <= b.cell_cap
-            && put_fbox_span::<R, V>(
-                &*self.region,
-                &self.wake,
-                &mut b.peers[pos],
-                b.fbox_slots,
-                env,
-                payload,
-                len,
-            )
+        len <= b.cell_cap && self.try_span(pos, env, payload, len)
+    }
+
+    /// Puts a message longer than one box, and no longer than a cell's payload, into the
+    /// boxes of our ring to the peer at `pos` of the book if they are free.
+    #[inline(always)]
+    fn try_span(&mut self, pos: usize, env: &Envelope, payload: &[&[u8]], len: usize) -> bool {
+        let b = &mut self.book;
+        put_fbox_span::<R, V>(
+            &*self.region,
+            &self.wake,
+            &mut b.peers[pos],
+            b.fbox_slots,
+            env,
+            payload,
+            len,
+        )
     }
 
     /// The path of [`Port::try_send`] after one fastbox: a message longer than one box
@@ -331,30 +339,21 @@ impl<R: Region, V: Variant> Port<R, V> {
         len: usize,
     ) -> Result<(), Full> {
         let b = &mut self.book;
-        let region = &*self.region;
         if dest == b.me || dest >= b.n {
             bad_dest(dest, b.me, b.n);
         }
         let pos = b.pos(dest);
-        let seq = b.peers[pos].send_seq;
         assert!(
             len <= b.cell_cap,
             "{len} bytes do not fit a cell of {}",
             b.cell_cap
         );
-        if len > b.fbox_cap
-            && put_fbox_span::<R, V>(
-                region,
-                &self.wake,
-                &mut b.peers[pos],
-                b.fbox_slots,
-                env,
-                payload,
-                len,
-            )
-        {
+        if len > b.fbox_cap && self.try_span(pos, env, payload, len) {
             return Ok(());
         }
+        let b = &mut self.book;
+        let region = &*self.region;
+        let seq = b.peers[pos].send_seq;
         let Some(h) = b.take_cell::<V>(region, dest) else {
             return Err(Full);
         };

@@ -1,5 +1,5 @@
 //! The node's shared segment: one mapping holding every process's queues, doorbell and
-//! cells, the fastbox of every ordered pair, and the blocks of node collectives.
+//! cells, the ring of fastboxes of every ordered pair, and the blocks of node collectives.
 //!
 //! Node-local process 0 creates the file under a temporary name, reserves its full size
 //! with `posix_fallocate` (so a full /dev/shm is an error now, not a SIGBUS later),

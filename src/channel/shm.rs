@@ -321,7 +321,8 @@ impl ShmChannel {
                 self.extra = true;
                 Ok(SendStatus::Sent)
             }
-            // With nothing pending, `try_fast_send` has just found the fastbox busy.
+            // With nothing pending, `try_fast_send` has just found the next fastbox busy
+            // (or the packet longer than one box, which the slow path tries in several).
             _ if self.pending.count() == 0 && self.port.try_send_slow(local, &env, payload, len).is_ok() => {
                 Ok(SendStatus::Sent)
             }
