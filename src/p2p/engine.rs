@@ -6,12 +6,13 @@
 use super::comm::ReqComm;
 use super::matching::{Body, Matching, Posted, Unexpected};
 use super::medium::{self, Assembly, Medium, Step};
-use super::requests::{Bufs, RState, RecvReq, Req, Requests, SState};
+use super::requests::{Bufs, Completion, RState, RecvReq, Req, Requests, SState};
 use super::rndv::{self, Rndv};
 use super::wire::{self, CTS, DATA, DONE, EAGER, FIN, MDATA, MEDIUM, REVOKE, REVOKED, RTS, Rts, ctrl};
 use super::{P2pError, Status};
 use crate::channel::{Channel, Header};
 use crate::progress::Outbox;
+use std::sync::Arc;
 
 /// The engine's state apart from the channel, so both can be borrowed at once.
 #[derive(Debug)]
@@ -306,15 +307,30 @@ impl Engine {
         Ok(id)
     }
 
-    /// Starts receive `rr` of (`ctx`, its source, `tag`): matched at once against an
-    /// unexpected message, or posted. Returns the request, which may already be complete
-    /// (and, if owned, already told and forgotten).
+    /// Starts a receive into `bufs` (`cap` bytes) of (`ctx`, `src`, `tag`): matched at
+    /// once against an unexpected message, or posted. Returns the request, which may
+    /// already be complete (and, if owned, already told and forgotten).
     #[inline(always)]
-    pub(crate) fn start_recv(&mut self, rr: RecvReq, ctx: u32, tag: Option<i32>) -> Result<u32, P2pError> {
-        let src = rr.src;
-        let u = self.matching.take_unexpected(ctx, src, tag);
-        let id = self.reqs.insert(Req::Recv(rr))?;
-        match u {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn start_recv(
+        &mut self,
+        bufs: Bufs,
+        cap: usize,
+        comm: ReqComm,
+        src: Option<u32>,
+        owner: Option<Arc<dyn Completion>>,
+        ctx: u32,
+        tag: Option<i32>,
+    ) -> Result<u32, P2pError> {
+        // The request goes in first: if the table is full, a waiting message stays where
+        // it is; and it is built in its slot rather than moved there.
+        let id = self.reqs.insert_with(|| {
+            Req::Recv(RecvReq {
+                owner,
+                ..RecvReq::new(bufs, cap, comm, src)
+            })
+        })?;
+        match self.matching.take_unexpected(ctx, src, tag) {
             Some(Unexpected {
                 src,
                 tag,
@@ -492,5 +508,36 @@ pub(crate) fn comm_of(r: &Req) -> &ReqComm {
     match r {
         Req::Recv(rr) => &rr.comm,
         Req::Send(s) => &s.comm,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::p2p::requests::MAX_REQUESTS;
+
+    #[test]
+    fn a_receive_refused_for_want_of_a_slot_leaves_the_waiting_message_queued() {
+        let mut e = Engine::new(2);
+        let h = Header {
+            kind: EAGER,
+            context: 0,
+            tag: 5,
+            ..Header::default()
+        };
+        e.handle(1, h, b"hello");
+        for _ in 0..MAX_REQUESTS {
+            e.reqs
+                .insert(Req::Recv(RecvReq::new(Bufs::NONE, 0, ReqComm::Identity, None)))
+                .unwrap();
+        }
+        let err = e
+            .start_recv(Bufs::NONE, 8, ReqComm::Identity, Some(1), None, 0, Some(5))
+            .unwrap_err();
+        assert!(matches!(err, P2pError::InvalidArgument(_)), "{err}");
+        assert!(
+            e.matching.peek_unexpected(0, Some(1), Some(5)).is_some(),
+            "the message that arrived first is still there for the next receive"
+        );
     }
 }

@@ -727,9 +727,8 @@ impl<C: Channel> World<C> {
         owner: Option<Arc<dyn super::requests::Completion>>,
     ) -> Result<u32, P2pError> {
         let src = Self::src_sel(comm, src)?;
-        let mut rr = RecvReq::new(bufs, cap, super::comm::ReqComm::of(comm), src);
-        rr.owner = owner;
-        let id = self.eng.start_recv(rr, ctx, tag)?;
+        let c = super::comm::ReqComm::of(comm);
+        let id = self.eng.start_recv(bufs, cap, c, src, owner, ctx, tag)?;
         self.settle()?;
         Ok(id)
     }
