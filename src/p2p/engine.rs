@@ -112,7 +112,10 @@ impl Engine {
         if let Some(q) = self.matching.take_posted(ctx, src, tag) {
             if let Some(Req::Recv(rr)) = self.reqs.get_mut(q.id) {
                 deliver_eager(rr, src, tag, data);
-                self.reqs.settle(q.id);
+                // Only a request nobody will ask about needs settling; a lookup saved.
+                if rr.forgotten() {
+                    self.reqs.settle(q.id);
+                }
             }
             return;
         }

@@ -146,6 +146,12 @@ pub(crate) struct RecvReq {
 }
 
 impl RecvReq {
+    /// Whether nobody will take the result (see [`Requests::settle`]).
+    #[inline(always)]
+    pub(crate) fn forgotten(&self) -> bool {
+        self.detached || self.owner.is_some()
+    }
+
     #[inline(always)]
     pub(crate) fn new(bufs: Bufs, cap: usize, comm: ReqComm, src: Option<u32>) -> Self {
         Self {
@@ -200,7 +206,7 @@ impl Req {
     /// slot is told instead.
     fn forgotten(&self) -> bool {
         match self {
-            Req::Recv(r) => r.detached || r.owner.is_some(),
+            Req::Recv(r) => r.forgotten(),
             Req::Send(s) => s.detached || s.owner.is_some(),
         }
     }

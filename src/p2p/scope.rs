@@ -127,11 +127,22 @@ impl std::fmt::Debug for Request<'_> {
 }
 
 impl Drop for Request<'_> {
+    // Inline, so that the drop of a finished request, known not to be live, is nothing.
+    #[inline]
     fn drop(&mut self) {
         if self.live && self.id != 0 {
-            self.state.live.borrow_mut().take(self.at);
-            self.state.dropped.borrow_mut().push(self.id);
+            self.let_go();
         }
+    }
+}
+
+impl Request<'_> {
+    /// Dropped while live: the scope lets the engine's request go at its end.
+    #[cold]
+    #[inline(never)]
+    fn let_go(&mut self) {
+        self.state.live.borrow_mut().take(self.at);
+        self.state.dropped.borrow_mut().push(self.id);
     }
 }
 
