@@ -34,6 +34,8 @@ pub struct Corrupt {
 
 /// How many queue cells one poll hands up at most, so a flood cannot starve the caller.
 const POLL_BUDGET: usize = 64;
+/// How many fastbox messages from one peer one poll hands up at most.
+const FBOX_RUN: usize = 64;
 
 /// A process's end of the transport over a [`Region`].
 pub struct Port<R: Region, V: Variant = Sound> {
@@ -385,11 +387,15 @@ impl<R: Region, V: Variant> Port<R, V> {
         let b = &mut self.book;
         let region = &*self.region;
         let mut got = 0;
-        // Peers have no boxes when fastboxes are off.
+        // Peers have no boxes when fastboxes are off. A run of messages from one peer is
+        // taken in one poll, up to a bound, so a stream pays the caller's poll once per
+        // run rather than per message.
         for peer in b.peers.iter_mut() {
-            if take_fbox::<R, V, F>(region, peer, b.fbox_cap, b.fbox_slots, &mut f) {
-                got += 1;
+            let mut run = 0;
+            while run < FBOX_RUN && take_fbox::<R, V, F>(region, peer, b.fbox_cap, b.fbox_slots, &mut f) {
+                run += 1;
             }
+            got += run;
         }
         // SAFETY: a key of this region.
         if !b.rq.is_empty(unsafe { region.recv_queue_of(b.my) }) {
