@@ -1,10 +1,11 @@
 //! One process's end of the shared-memory transport.
 //!
 //! A message to a local peer goes into the next box of the pair's ring of fastboxes when
-//! it fits and the box is free, and otherwise into a cell taken from the sender's own pool
-//! and enqueued on the receiver's receive queue. Both carry a per-pair sequence number, and the receiver
-//! hands a message up only when its number is the next one due from that sender, so
-//! fastbox and queue messages between a pair never overtake each other.
+//! it fits and the box is free, and otherwise into a cell taken from the sender's own
+//! pool and enqueued on the receiver's receive queue. Both carry a per-pair sequence
+//! number, and the receiver hands a message up only when its number is the next one due
+//! from that sender, so fastbox and queue messages between a pair never overtake each
+//! other.
 
 use crate::queue::{Consumer, Pop, enqueue};
 use crate::region::{CellAccess, CellMeta, Envelope, FboxAccess, Region};
@@ -283,6 +284,7 @@ impl<R: Region, V: Variant> Port<R, V> {
         // SAFETY: the caller guarantees `dest < n` and `dest != me`, so the position is
         // below `n - 1`, the length of `peers`.
         let peer = unsafe { b.peers.get_unchecked_mut(b.pos(dest)) };
+        // `put_fbox` looks again; returning here first lays the one-box path out shorter.
         if peer.boxes.is_none() {
             return false;
         }

@@ -1078,13 +1078,18 @@ mod tests {
     /// A message longer than a box runs over the next boxes; the receiver clears the
     /// sequence words it overwrote, so bytes that look like the next number due are not
     /// taken for a message.
-    #[test]
-    fn a_message_over_several_boxes_leaves_nothing_that_passes_for_one() {
+    /// An anonymous segment of two processes with `slots` fastboxes per ring.
+    fn ring_segment(slots: u32) -> Arc<Segment> {
         let geo = Geometry {
-            fbox_slots: 4,
+            fbox_slots: slots,
             ..Geometry::default()
         };
-        let seg = Arc::new(Segment::anonymous(2, geo).unwrap());
+        Arc::new(Segment::anonymous(2, geo).unwrap())
+    }
+
+    #[test]
+    fn a_message_over_several_boxes_leaves_nothing_that_passes_for_one() {
+        let seg = ring_segment(4);
         assert_eq!(seg.fbox_span(2000), 2);
         assert_eq!(seg.fbox_span(4 * 1152 - 32), 4, "at most the whole ring");
         assert_eq!(seg.fbox_span(4 * 1152 - 31), 0);
@@ -1119,11 +1124,7 @@ mod tests {
 
     #[test]
     fn threads_stream_every_size_up_to_a_cell_through_the_ring() {
-        let geo = Geometry {
-            fbox_slots: 8,
-            ..Geometry::default()
-        };
-        let seg = Arc::new(Segment::anonymous(2, geo).unwrap());
+        let seg = ring_segment(8);
         let max = seg.cell_capacity();
         let mut a = Port::new(seg.clone(), 0);
         let mut b = Port::new(seg, 1);
