@@ -258,7 +258,11 @@ impl Requests {
             }
         };
         let slot = &mut self.slots[index as usize];
-        slot.req = Some(make());
+        // The slot is free, so there is nothing to drop: forgetting the `None` saves
+        // the drop glue's look at it.
+        let was = slot.req.replace(make());
+        debug_assert!(was.is_none(), "a free slot held a request");
+        std::mem::forget(was);
         self.live += 1;
         Ok(slot.generation << INDEX_BITS | (index + 1))
     }
