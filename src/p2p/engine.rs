@@ -6,13 +6,12 @@
 use super::comm::ReqComm;
 use super::matching::{Body, Matching, Posted, Unexpected};
 use super::medium::{self, Assembly, Medium, Step};
-use super::requests::{Bufs, Completion, RState, RecvReq, Req, Requests, SState};
+use super::requests::{Bufs, Holder, RState, RecvReq, Req, Requests, SState};
 use super::rndv::{self, Rndv};
 use super::wire::{self, CTS, DATA, DONE, EAGER, FIN, MDATA, MEDIUM, REVOKE, REVOKED, RTS, Rts, ctrl};
 use super::{P2pError, Status};
 use crate::channel::{Channel, Header};
 use crate::progress::Outbox;
-use std::sync::Arc;
 
 /// The engine's state apart from the channel, so both can be borrowed at once.
 #[derive(Debug)]
@@ -321,7 +320,7 @@ impl Engine {
         cap: usize,
         comm: ReqComm,
         src: Option<u32>,
-        owner: Option<Arc<dyn Completion>>,
+        holder: Holder,
         ctx: u32,
         tag: Option<i32>,
     ) -> Result<u32, P2pError> {
@@ -329,7 +328,7 @@ impl Engine {
         // it is; and it is built in its slot rather than moved there.
         let id = self.reqs.insert_with(|| {
             Req::Recv(RecvReq {
-                owner,
+                holder,
                 ..RecvReq::new(bufs, cap, comm, src)
             })
         })?;
@@ -540,7 +539,15 @@ mod tests {
                 .unwrap();
         }
         let err = e
-            .start_recv(Bufs::NONE, 8, ReqComm::Identity, Some(1), None, 0, Some(5))
+            .start_recv(
+                Bufs::NONE,
+                8,
+                ReqComm::Identity,
+                Some(1),
+                Holder::Call,
+                0,
+                Some(5),
+            )
             .unwrap_err();
         assert!(matches!(err, P2pError::InvalidArgument(_)), "{err}");
         assert!(

@@ -11,7 +11,7 @@
 //! what completed, not in what is outstanding.
 
 use super::comm::Comm;
-use super::requests::{Bufs, Completion};
+use super::requests::{Bufs, Completion, Holder};
 use super::{P2pError, Status, World};
 use crate::channel::Channel;
 use crate::progress::Idle;
@@ -414,7 +414,7 @@ impl<C: Channel> World<C> {
         let seg = unsafe { Seg::of((*slot.buf.get()).as_ref().expect("just put").bytes()) };
         let len = seg.len;
         let owner: Arc<dyn Completion> = slot.clone();
-        match self.start_send_bufs(&c, dest, tag, c.ctx, Bufs::One(seg), len, Some(owner))? {
+        match self.start_send_bufs(&c, dest, tag, c.ctx, Bufs::One(seg), len, Holder::Owned(owner))? {
             Some(id) => Ok(self.handle(slot, id)),
             None => {
                 slot.complete(Ok(Status {
@@ -448,7 +448,15 @@ impl<C: Channel> World<C> {
         // SAFETY: as in `isend`; the engine is the only writer until DONE.
         let seg = unsafe { Seg::of_mut((*slot.buf.get()).as_mut().expect("just put").bytes_mut()) };
         let owner: Arc<dyn Completion> = slot.clone();
-        let id = self.start_recv(&c, src.into(), tag, c.ctx, Bufs::One(seg), seg.len, Some(owner))?;
+        let id = self.start_recv(
+            &c,
+            src.into(),
+            tag,
+            c.ctx,
+            Bufs::One(seg),
+            seg.len,
+            Holder::Owned(owner),
+        )?;
         Ok(self.handle(slot, id))
     }
 
@@ -608,10 +616,7 @@ impl<C: Channel> World<C> {
         self.eng
             .reqs
             .iter()
-            .filter(|(_, r)| match r {
-                super::requests::Req::Recv(rr) => rr.owner.is_some(),
-                super::requests::Req::Send(s) => s.owner.is_some(),
-            })
+            .filter(|(_, r)| r.holder().is_owned())
             .map(|(id, _)| id)
             .collect()
     }

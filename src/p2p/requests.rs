@@ -124,6 +124,26 @@ pub(crate) enum SState {
 /// that requests stay small to move.
 pub(crate) type Outcome = Option<Result<Status, Box<P2pError>>>;
 
+/// Who holds a request, and so who will ask for its result.
+#[derive(Debug)]
+pub(crate) enum Holder {
+    /// The blocking call that made it, which waits for it before it returns.
+    Call,
+    /// The [`crate::p2p::Scope`] with this number, which releases the request at its end
+    /// if nobody finished it, found by its number instead of a list of its own.
+    Scope(u64),
+    /// An owned request's handle, through the slot it shares with the engine, which is
+    /// told of the end instead of asking.
+    Owned(Arc<dyn Completion>),
+}
+
+impl Holder {
+    #[inline(always)]
+    pub(crate) fn is_owned(&self) -> bool {
+        matches!(self, Holder::Owned(_))
+    }
+}
+
 /// Who hears of an owned request's end: the slot its handle shares with the engine.
 pub(crate) trait Completion: Send + Sync + std::fmt::Debug {
     /// The request finished with `result`; the engine has let go of the buffer.
@@ -141,15 +161,14 @@ pub(crate) struct RecvReq {
     pub result: Outcome,
     /// The request was let go: drain into nothing, and forget it when done.
     pub detached: bool,
-    /// An owned request's slot, told when the request ends.
-    pub owner: Option<Arc<dyn Completion>>,
+    pub holder: Holder,
 }
 
 impl RecvReq {
     /// Whether nobody will take the result (see [`Requests::settle`]).
     #[inline(always)]
     pub(crate) fn forgotten(&self) -> bool {
-        self.detached || self.owner.is_some()
+        self.detached || self.holder.is_owned()
     }
 
     #[inline(always)]
@@ -162,7 +181,7 @@ impl RecvReq {
             state: RState::Posted,
             result: None,
             detached: false,
-            owner: None,
+            holder: Holder::Call,
         }
     }
 }
@@ -185,7 +204,7 @@ pub(crate) struct SendReq {
     pub owned: Option<Vec<u8>>,
     pub result: Outcome,
     pub detached: bool,
-    pub owner: Option<Arc<dyn Completion>>,
+    pub holder: Holder,
 }
 
 #[derive(Debug)]
@@ -207,7 +226,23 @@ impl Req {
     fn forgotten(&self) -> bool {
         match self {
             Req::Recv(r) => r.forgotten(),
-            Req::Send(s) => s.detached || s.owner.is_some(),
+            Req::Send(s) => s.detached || s.holder.is_owned(),
+        }
+    }
+
+    /// Who holds it.
+    pub(crate) fn holder(&self) -> &Holder {
+        match self {
+            Req::Recv(r) => &r.holder,
+            Req::Send(s) => &s.holder,
+        }
+    }
+
+    /// Whether it was let go (see [`crate::p2p::engine::Engine::release`]).
+    pub(crate) fn detached(&self) -> bool {
+        match self {
+            Req::Recv(r) => r.detached,
+            Req::Send(s) => s.detached,
         }
     }
 }
@@ -342,12 +377,12 @@ impl Requests {
         }
         match self.remove(id) {
             Some(Req::Recv(RecvReq {
-                owner: Some(o),
+                holder: Holder::Owned(o),
                 result,
                 ..
             }))
             | Some(Req::Send(SendReq {
-                owner: Some(o),
+                holder: Holder::Owned(o),
                 result,
                 ..
             })) => o.complete(match result {

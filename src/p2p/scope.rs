@@ -10,11 +10,11 @@
 //! Requests are neither `Send` nor `Sync`, so a drop can never race the engine.
 
 use super::comm::Comm;
-use super::requests::Bufs;
+use super::requests::{Bufs, Holder};
 use super::{P2pError, Status, World};
 use crate::channel::Channel;
 use nemesis_lmt::Seg;
-use std::cell::{RefCell, RefMut};
+use std::cell::{Cell, RefCell, RefMut};
 use std::marker::PhantomData;
 
 /// A region of code in which non-blocking operations may borrow buffers. Made by
@@ -28,66 +28,23 @@ pub struct Scope<'scope, 'env: 'scope, C: Channel> {
 impl<C: Channel> std::fmt::Debug for Scope<'_, '_, C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Scope")
-            .field("live", &self.state.live.borrow().count())
+            .field("unfinished", &self.state.unfinished.get())
             .finish_non_exhaustive()
     }
 }
 
 /// What requests tell their scope.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct ScopeState {
+    /// The scope's number: the engine's requests made in it carry it
+    /// ([`Holder::Scope`]), so that its end can find the unfinished ones without a list
+    /// kept request by request.
+    number: u64,
     /// Requests dropped unfinished, to release at the next call.
     dropped: RefCell<Vec<u32>>,
-    /// Requests of this scope that the engine still knows.
-    live: RefCell<Live>,
-}
-
-/// The ids of a scope's unfinished requests, each at a place its [`Request`] remembers,
-/// so that adding and taking one out cost a push and a pop, whatever the order. Its
-/// vectors pass from one scope of a world to the next, so that a loop of scopes does
-/// not grow them again each time.
-#[derive(Debug, Default)]
-pub(crate) struct Live {
-    /// Request ids; 0 where the place is free.
-    ids: Vec<u32>,
-    /// The free places.
-    free: Vec<u32>,
-}
-
-impl Live {
-    fn add(&mut self, id: u32) -> u32 {
-        match self.free.pop() {
-            Some(at) => {
-                self.ids[at as usize] = id;
-                at
-            }
-            None => {
-                self.ids.push(id);
-                self.ids.len() as u32 - 1
-            }
-        }
-    }
-
-    fn take(&mut self, at: u32) {
-        if let Some(id) = self.ids.get_mut(at as usize)
-            && *id != 0
-        {
-            *id = 0;
-            self.free.push(at);
-        }
-    }
-
-    fn count(&self) -> usize {
-        self.ids.len() - self.free.len()
-    }
-
-    /// The ids still live; the places are all free again afterwards.
-    fn drain(&mut self) -> Vec<u32> {
-        let live = self.ids.iter().copied().filter(|&id| id != 0).collect();
-        self.ids.clear();
-        self.free.clear();
-        live
-    }
+    /// Requests of this scope that the engine still knows and nobody has finished or
+    /// dropped: when none, the scope's end has nothing to look for.
+    unfinished: Cell<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,8 +59,6 @@ enum Kind {
 pub struct Request<'scope> {
     /// The engine's id, or 0 when complete from the start.
     id: u32,
-    /// Its place in the scope's live requests.
-    at: u32,
     world: u64,
     kind: Kind,
     /// The status of a request complete from the start.
@@ -141,7 +96,7 @@ impl Request<'_> {
     #[cold]
     #[inline(never)]
     fn let_go(&mut self) {
-        self.state.live.borrow_mut().take(self.at);
+        self.state.unfinished.set(self.state.unfinished.get() - 1);
         self.state.dropped.borrow_mut().push(self.id);
     }
 }
@@ -183,13 +138,14 @@ impl<C: Channel> World<C> {
     where
         F: for<'scope> FnOnce(&'scope Scope<'scope, 'env, C>) -> T,
     {
-        let live = std::mem::take(&mut self.spare_live);
+        self.scopes += 1;
         let scope = Scope {
-            world: RefCell::new(self),
             state: ScopeState {
+                number: self.scopes,
                 dropped: RefCell::default(),
-                live: RefCell::new(live),
+                unfinished: Cell::new(0),
             },
+            world: RefCell::new(self),
             _scope: PhantomData,
         };
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&scope)));
@@ -223,11 +179,27 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
     fn end(&self) {
         let mut w = self.world.borrow_mut();
         self.release_dropped(&mut w);
-        let live = self.state.live.borrow_mut().drain();
-        for id in live {
+        if self.state.unfinished.get() == 0 {
+            return;
+        }
+        let number = self.state.number;
+        let left: Vec<u32> = w
+            .eng
+            .reqs
+            .iter()
+            .filter(|(_, r)| matches!(r.holder(), Holder::Scope(n) if *n == number) && !r.detached())
+            .map(|(id, _)| id)
+            .collect();
+        for id in left {
             w.release(id);
         }
-        w.spare_live = std::mem::take(&mut *self.state.live.borrow_mut());
+        self.state.unfinished.set(0);
+    }
+
+    /// The holder of this scope's requests.
+    #[inline]
+    fn holder(&self) -> Holder {
+        Holder::Scope(self.state.number)
     }
 
     #[inline]
@@ -237,14 +209,11 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
             tag: 0,
             len,
         });
-        let at = if id != 0 {
-            self.state.live.borrow_mut().add(id)
-        } else {
-            0
-        };
+        if id != 0 {
+            self.state.unfinished.set(self.state.unfinished.get() + 1);
+        }
         Request {
             id,
-            at,
             world: w.id,
             kind,
             ready,
@@ -268,7 +237,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         let mut w = self.world();
         let c = w.check_comm(comm)?;
         World::<C>::check_tag(tag)?;
-        let id = w.start_send(c, dest, tag, c.ctx, buf)?;
+        let id = w.start_send(c, dest, tag, c.ctx, buf, self.holder())?;
         let mut r = self.request(
             &w,
             id.unwrap_or(0),
@@ -301,7 +270,15 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
             World::<C>::check_tag(t)?;
         }
         let (ptr, len) = (buf.as_mut_ptr(), buf.len());
-        let id = w.start_recv(c, src.into(), tag, c.ctx, Bufs::One(Seg::of_mut(buf)), len, None)?;
+        let id = w.start_recv(
+            c,
+            src.into(),
+            tag,
+            c.ctx,
+            Bufs::One(Seg::of_mut(buf)),
+            len,
+            self.holder(),
+        )?;
         Ok(self.request(&w, id, Kind::Recv, ptr, len))
     }
 
@@ -320,7 +297,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         World::<C>::check_tag(tag)?;
         let segs: Box<[Seg]> = bufs.iter().map(|b| Seg::of(b)).collect();
         let len = segs.iter().map(|s| s.len).sum();
-        let id = w.start_send_bufs(c, dest, tag, c.ctx, Bufs::Many(segs), len, None)?;
+        let id = w.start_send_bufs(c, dest, tag, c.ctx, Bufs::Many(segs), len, self.holder())?;
         let mut r = self.request(&w, id.unwrap_or(0), Kind::Send, std::ptr::null_mut(), len);
         if id.is_none() {
             r.ready = Some(Status {
@@ -349,7 +326,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         }
         let segs: Box<[Seg]> = bufs.into_iter().map(Seg::of_mut).collect();
         let len = segs.iter().map(|s| s.len).sum();
-        let id = w.start_recv(c, src.into(), tag, c.ctx, Bufs::Many(segs), len, None)?;
+        let id = w.start_recv(c, src.into(), tag, c.ctx, Bufs::Many(segs), len, self.holder())?;
         Ok(self.request(&w, id, Kind::Recv, std::ptr::null_mut(), len))
     }
 
@@ -382,7 +359,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
             Some(st) => Ok(st),
             None => {
                 let res = w.eng.finish(r.id);
-                self.state.live.borrow_mut().take(r.at);
+                self.state.unfinished.set(self.state.unfinished.get() - 1);
                 res
             }
         };

@@ -290,6 +290,55 @@ fn a_scope_ending_early_releases_its_requests() {
 }
 
 #[test]
+fn a_forgotten_request_is_still_released_at_the_end_of_its_scope() {
+    job(2, |mut w| {
+        let c = w.comm();
+        if w.rank() == 1 {
+            let mut first = [0u8; 4];
+            w.scope(|s| {
+                // Never dropped: only the scope's end can find it.
+                std::mem::forget(s.irecv(&c, 0, 5, &mut first).unwrap());
+            });
+            assert_eq!(w.eng.reqs.len(), 0, "the scope's end let the receive go");
+            w.send(&c, 0, 1, b"go").unwrap();
+            let mut second = [0u8; 4];
+            w.recv(&c, 0, 5, &mut second).unwrap();
+            assert_eq!(&second, b"ping", "the forgotten receive was cancelled");
+            assert_eq!(first, [0; 4], "the forgotten receive's buffer was not written");
+        } else {
+            let mut go = [0u8; 2];
+            w.recv(&c, 1, 1, &mut go).unwrap();
+            w.send(&c, 1, 5, b"ping").unwrap();
+        }
+    });
+}
+
+#[test]
+fn an_inner_scope_ends_without_touching_the_outer_scopes_requests() {
+    job(2, |mut w| {
+        let c = w.comm();
+        if w.rank() == 1 {
+            let mut outer = [0u8; 4];
+            w.scope(|s| {
+                let r = s.irecv(&c, 0, 5, &mut outer).unwrap();
+                let mut inner = [0u8; 2];
+                s.world().scope(|t| {
+                    // Forgotten, so the inner scope's end has to look for what it left.
+                    std::mem::forget(t.irecv(&c, 0, 6, &mut inner).unwrap());
+                });
+                s.world().send(&c, 0, 1, b"go").unwrap();
+                let d = s.wait(r).unwrap();
+                assert_eq!(d.data(), b"ping", "the outer receive was still posted");
+            });
+        } else {
+            let mut go = [0u8; 2];
+            w.recv(&c, 1, 1, &mut go).unwrap();
+            w.send(&c, 1, 5, b"ping").unwrap();
+        }
+    });
+}
+
+#[test]
 fn bad_arguments_are_typed_errors() {
     job(2, |mut w| {
         let c = w.comm();

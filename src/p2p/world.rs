@@ -6,7 +6,7 @@ use super::engine::{self, Engine};
 use super::matching::Body;
 use super::node::{NodeColl, NodeWaiter};
 use super::owned::Mailbox;
-use super::requests::{Bufs, RecvReq, Req, SState, SendReq};
+use super::requests::{Bufs, Holder, RecvReq, Req, SState, SendReq};
 use super::wire::{self, EAGER, MDATA, MEDIUM, REVOKE, RTS, Rts};
 use super::{Config, Locality, P2pError, Status};
 use crate::channel::{Channel, Header, NemesisChannel, Packet, Rank, SendStatus, WaitPolicy};
@@ -53,8 +53,8 @@ pub struct World<C: Channel = NemesisChannel> {
     node_wait: WaitPolicy,
     /// Owned requests dropped by their handles, to let go at the next call.
     pub(crate) mailbox: Arc<Mailbox>,
-    /// The bookkeeping vectors of the last scope, for the next.
-    pub(crate) spare_live: super::scope::Live,
+    /// Scopes made so far: the next one's number (see [`Holder::Scope`]).
+    pub(crate) scopes: u64,
     /// Whether [`World::compute`] runs a helper thread (`NEMESIS_RMA_PROGRESS=thread`).
     pub(crate) helper: bool,
     _not_sync: PhantomData<Cell<()>>,
@@ -144,7 +144,7 @@ impl<C: Channel> World<C> {
             node_seg,
             node_wait,
             mailbox: Arc::default(),
-            spare_live: Default::default(),
+            scopes: 0,
             helper: super::compute::helper_from_env()?,
             _not_sync: PhantomData,
         })
@@ -583,7 +583,7 @@ impl<C: Channel> World<C> {
         ctx: u32,
         bufs: Bufs,
         len: usize,
-        owner: Option<Arc<dyn super::requests::Completion>>,
+        holder: Holder,
     ) -> Result<Option<u32>, P2pError> {
         let d = comm.world_of(dest)?;
         if len
@@ -650,7 +650,7 @@ impl<C: Channel> World<C> {
                 len,
             })),
             detached: false,
-            owner,
+            holder,
         }))?;
         let h = Header {
             kind: RTS,
@@ -665,7 +665,7 @@ impl<C: Channel> World<C> {
                     self.core.ch.lmt().end(&h);
                 }
                 // The buffer goes back with the error, not with a completion.
-                drop(s.owner);
+                drop(s.holder);
             }
             return Err(e.into());
         }
@@ -708,8 +708,9 @@ impl<C: Channel> World<C> {
         tag: i32,
         ctx: u32,
         buf: &[u8],
+        holder: Holder,
     ) -> Result<Option<u32>, P2pError> {
-        self.start_send_bufs(comm, dest, tag, ctx, Bufs::One(Seg::of(buf)), buf.len(), None)
+        self.start_send_bufs(comm, dest, tag, ctx, Bufs::One(Seg::of(buf)), buf.len(), holder)
     }
 
     /// Starts a receive into `bufs` (lent to the engine until the request completes or is
@@ -724,11 +725,11 @@ impl<C: Channel> World<C> {
         ctx: u32,
         bufs: Bufs,
         cap: usize,
-        owner: Option<Arc<dyn super::requests::Completion>>,
+        holder: Holder,
     ) -> Result<u32, P2pError> {
         let src = Self::src_sel(comm, src)?;
         let c = super::comm::ReqComm::of(comm);
-        let id = self.eng.start_recv(bufs, cap, c, src, owner, ctx, tag)?;
+        let id = self.eng.start_recv(bufs, cap, c, src, holder, ctx, tag)?;
         self.settle()?;
         Ok(id)
     }
@@ -789,7 +790,7 @@ impl<C: Channel> World<C> {
         tag: i32,
         buf: &[u8],
     ) -> Result<(), P2pError> {
-        match self.start_send(c, dest, tag, ctx, buf)? {
+        match self.start_send(c, dest, tag, ctx, buf, Holder::Call)? {
             None => Ok(()),
             Some(id) => self.block_on(id).map(|_| ()),
         }
@@ -879,7 +880,15 @@ impl<C: Channel> World<C> {
         tag: Option<i32>,
         buf: &mut [u8],
     ) -> Result<Status, P2pError> {
-        let id = self.start_recv(c, src, tag, ctx, Bufs::One(Seg::of_mut(buf)), buf.len(), None)?;
+        let id = self.start_recv(
+            c,
+            src,
+            tag,
+            ctx,
+            Bufs::One(Seg::of_mut(buf)),
+            buf.len(),
+            Holder::Call,
+        )?;
         self.block_on(id)
     }
 
@@ -1041,9 +1050,9 @@ impl<C: Channel> World<C> {
             ctx,
             Bufs::One(Seg::of_mut(recv)),
             recv.len(),
-            None,
+            Holder::Call,
         )?;
-        let sid = match self.start_send(c, dest, send_tag, ctx, send) {
+        let sid = match self.start_send(c, dest, send_tag, ctx, send, Holder::Call) {
             Ok(s) => s,
             Err(e) => {
                 self.release(rid);
@@ -1074,7 +1083,7 @@ impl<C: Channel> World<C> {
         Self::check_tag(tag)?;
         let segs: Box<[Seg]> = bufs.iter().map(|b| Seg::of(b)).collect();
         let len = segs.iter().map(|s| s.len).sum();
-        match self.start_send_bufs(&c, dest, tag, c.ctx, Bufs::Many(segs), len, None)? {
+        match self.start_send_bufs(&c, dest, tag, c.ctx, Bufs::Many(segs), len, Holder::Call)? {
             None => Ok(()),
             Some(id) => self.block_on(id).map(|_| ()),
         }
@@ -1099,7 +1108,7 @@ impl<C: Channel> World<C> {
         }
         let segs: Box<[Seg]> = bufs.iter_mut().map(|b| Seg::of_mut(b)).collect();
         let len = segs.iter().map(|s| s.len).sum();
-        let id = self.start_recv(&c, src.into(), tag, c.ctx, Bufs::Many(segs), len, None)?;
+        let id = self.start_recv(&c, src.into(), tag, c.ctx, Bufs::Many(segs), len, Holder::Call)?;
         self.block_on(id)
     }
 
