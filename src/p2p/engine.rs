@@ -75,8 +75,9 @@ impl Engine {
         }
         let r = match h.kind {
             EAGER => {
+                // Queues nothing, so the chores need no second look.
                 self.on_eager(src, h.context, h.tag, payload);
-                Ok(())
+                return;
             }
             RTS => {
                 self.on_rts(src, h, payload);

@@ -118,6 +118,7 @@ impl Matching {
             .find(|u| selected(ctx, src, tag, u.ctx, u.src, u.tag))
     }
 
+    #[inline]
     pub(crate) fn post(&mut self, p: Posted) {
         self.posted.push_back(p);
     }

@@ -59,15 +59,18 @@ enum Kind {
 pub struct Request<'scope> {
     /// The engine's id, or 0 when complete from the start.
     id: u32,
-    world: u64,
+    /// For a send complete from the start, the destination and tag of its status (its
+    /// length is `len`): kept apart rather than as a `Status`, so that the request is
+    /// small to move.
+    peer: u32,
+    tag: i32,
     kind: Kind,
-    /// The status of a request complete from the start.
-    ready: Option<Status>,
+    /// Still to be released if dropped.
+    live: bool,
+    world: u64,
     ptr: *mut u8,
     len: usize,
     state: &'scope ScopeState,
-    /// Still to be released if dropped.
-    live: bool,
     _buf: PhantomData<&'scope mut [u8]>,
 }
 
@@ -202,21 +205,27 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         Holder::Scope(self.state.number)
     }
 
+    /// A request for engine request `id` (0: complete from the start, with the status
+    /// of `peer`, `tag` and `len`).
     #[inline]
-    fn request(&'scope self, w: &World<C>, id: u32, kind: Kind, ptr: *mut u8, len: usize) -> Request<'scope> {
-        let ready = (id == 0).then_some(Status {
-            source: 0,
-            tag: 0,
-            len,
-        });
+    fn request(
+        &'scope self,
+        w: &World<C>,
+        id: u32,
+        kind: Kind,
+        (peer, tag): (u32, i32),
+        ptr: *mut u8,
+        len: usize,
+    ) -> Request<'scope> {
         if id != 0 {
             self.state.unfinished.set(self.state.unfinished.get() + 1);
         }
         Request {
             id,
+            peer,
+            tag,
             world: w.id,
             kind,
-            ready,
             ptr,
             len,
             state: &self.state,
@@ -238,21 +247,14 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         let c = w.check_comm(comm)?;
         World::<C>::check_tag(tag)?;
         let id = w.start_send(c, dest, tag, c.ctx, buf, self.holder())?;
-        let mut r = self.request(
+        Ok(self.request(
             &w,
             id.unwrap_or(0),
             Kind::Send,
+            (dest, tag),
             buf.as_ptr().cast_mut(),
             buf.len(),
-        );
-        if id.is_none() {
-            r.ready = Some(Status {
-                source: dest,
-                tag,
-                len: buf.len(),
-            });
-        }
-        Ok(r)
+        ))
     }
 
     /// Starts receiving a message from `src` with `tag` into `buf`.
@@ -279,7 +281,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
             len,
             self.holder(),
         )?;
-        Ok(self.request(&w, id, Kind::Recv, ptr, len))
+        Ok(self.request(&w, id, Kind::Recv, (0, 0), ptr, len))
     }
 
     /// Starts sending the concatenation of `bufs` to rank `dest` of `comm`, without
@@ -298,15 +300,14 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         let segs: Box<[Seg]> = bufs.iter().map(|b| Seg::of(b)).collect();
         let len = segs.iter().map(|s| s.len).sum();
         let id = w.start_send_bufs(c, dest, tag, c.ctx, Bufs::Many(segs), len, self.holder())?;
-        let mut r = self.request(&w, id.unwrap_or(0), Kind::Send, std::ptr::null_mut(), len);
-        if id.is_none() {
-            r.ready = Some(Status {
-                source: dest,
-                tag,
-                len,
-            });
-        }
-        Ok(r)
+        Ok(self.request(
+            &w,
+            id.unwrap_or(0),
+            Kind::Send,
+            (dest, tag),
+            std::ptr::null_mut(),
+            len,
+        ))
     }
 
     /// Starts receiving a message into the slices of `bufs` in turn, without an
@@ -327,7 +328,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         let segs: Box<[Seg]> = bufs.into_iter().map(Seg::of_mut).collect();
         let len = segs.iter().map(|s| s.len).sum();
         let id = w.start_recv(c, src.into(), tag, c.ctx, Bufs::Many(segs), len, self.holder())?;
-        Ok(self.request(&w, id, Kind::Recv, std::ptr::null_mut(), len))
+        Ok(self.request(&w, id, Kind::Recv, (0, 0), std::ptr::null_mut(), len))
     }
 
     fn check_world(w: &World<C>, r: &Request<'_>) -> Result<(), P2pError> {
@@ -355,13 +356,24 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
 
     /// Takes a finished request's result and its buffer back.
     fn finish(&self, w: &mut World<C>, mut r: Request<'scope>) -> Result<Done<'scope>, P2pError> {
-        let result = match r.ready.take() {
-            Some(st) => Ok(st),
-            None => {
-                let res = w.eng.finish(r.id);
-                self.state.unfinished.set(self.state.unfinished.get() - 1);
-                res
-            }
+        self.finish_in_place(w, &mut r)
+    }
+
+    /// As [`Scope::finish`], leaving the request where it is, spent (it is not live, so
+    /// its drop does nothing): a list of requests is finished without moving each out.
+    #[inline]
+    fn finish_in_place(&self, w: &mut World<C>, r: &mut Request<'scope>) -> Result<Done<'scope>, P2pError> {
+        debug_assert!(r.live || r.id == 0, "a request finished twice");
+        let result = if r.id == 0 {
+            Ok(Status {
+                source: r.peer,
+                tag: r.tag,
+                len: r.len,
+            })
+        } else {
+            let res = w.eng.finish(r.id);
+            self.state.unfinished.set(self.state.unfinished.get() - 1);
+            res
         };
         r.live = false;
         let status = result?;
@@ -401,13 +413,12 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         for r in &rs {
             Self::check_world(&w, r)?;
         }
-        let mut ids = Vec::with_capacity(rs.len());
-        ids.extend(rs.iter().filter(|r| r.id != 0).map(|r| r.id));
-        w.wait_all_ids(&ids)?;
+        w.wait_all_of(rs.len(), |i| rs[i].id)?;
+        let mut rs = rs;
         let mut done = Vec::with_capacity(rs.len());
         let mut first_err = None;
-        for r in rs {
-            match self.finish(&mut w, r) {
+        for r in &mut rs {
+            match self.finish_in_place(&mut w, r) {
                 Ok(d) => done.push(d),
                 Err(e) => {
                     first_err.get_or_insert(e);

@@ -500,26 +500,33 @@ impl<C: Channel> World<C> {
     /// request is looked at until it is complete and then never again, so the wait costs
     /// time linear in the number of requests.
     pub(crate) fn wait_all_ids(&mut self, ids: &[u32]) -> Result<(), P2pError> {
+        self.wait_all_of(ids.len(), |i| ids[i])
+    }
+
+    /// As [`World::wait_all_ids`], for the `n` ids that `id` gives by index (0 names a
+    /// request complete from the start), so that a caller need not gather them first.
+    #[inline]
+    pub(crate) fn wait_all_of(&mut self, n: usize, id: impl Fn(usize) -> u32) -> Result<(), P2pError> {
         let mut idle = self.core.idle();
         let mut next = 0;
         loop {
-            while next < ids.len() && self.eng.reqs.finished(ids[next]) {
+            while next < n && self.eng.reqs.finished(id(next)) {
                 next += 1;
             }
-            if next == ids.len() {
+            if next == n {
                 return Ok(());
             }
             self.progress()?;
-            while next < ids.len() && self.eng.reqs.finished(ids[next]) {
+            while next < n && self.eng.reqs.finished(id(next)) {
                 next += 1;
             }
-            if next == ids.len() {
+            if next == n {
                 return Ok(());
             }
-            let rest = &ids[next..];
-            self.idle(&mut idle, &|| describe_wait(rest.len()), &mut |w| {
-                for &id in rest {
-                    w.check_failed(id);
+            let from = next;
+            self.idle(&mut idle, &|| describe_wait(n - from), &mut |w| {
+                for i in from..n {
+                    w.check_failed(id(i));
                 }
                 Ok(())
             })?;
