@@ -21,6 +21,8 @@ mod file;
 pub mod futex;
 pub mod heap;
 pub mod port;
+#[cfg(not(loom))]
+mod prefetch;
 pub mod queue;
 pub mod region;
 pub mod ring;

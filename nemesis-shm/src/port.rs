@@ -88,6 +88,9 @@ struct Rings<R: Region> {
     /// a poll is one load from the book and one from the box.
     out_next: R::BoxKey,
     in_next: R::BoxKey,
+    /// We have sent to the peer since we last took a message from it: a stream rather
+    /// than a ping-pong, which decides how much of the next box a send prepares.
+    streaming: bool,
 }
 
 impl<R: Region> Rings<R> {
@@ -103,6 +106,7 @@ impl<R: Region> Rings<R> {
             taken: 0,
             out_next,
             in_next,
+            streaming: false,
         }
     }
 }
@@ -609,6 +613,16 @@ fn put_fbox<R: Region, V: Variant>(
     r.sent = sent + span;
     // SAFETY: a key of this region.
     r.out_next = unsafe { region.box_key(r.out, sent + span) };
+    if sent + span < r.acked + slots {
+        // The next box is ours (by the acknowledgement we hold): take the lines a
+        // message like this one would write, while the caller goes on. Not the line of
+        // its sequence word when we took a message from the peer since our last send:
+        // that looks like a ping-pong, whose receiver reads that word right after this
+        // message, and would wait for it to come back.
+        // SAFETY: a key of this region.
+        unsafe { region.fbox_at(r.out_next) }.prepare(len, !r.streaming);
+    }
+    r.streaming = true;
     peer.send_seq = seq + 1;
     // SAFETY: a key of this region.
     if unsafe { region.doorbell_of(peer.slot) }.ring() && V::WAKE_WATCHERS {
@@ -670,6 +684,7 @@ fn take_fbox<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
     };
     peer.recv_seq = due + 1;
     r.taken = taken + span;
+    r.streaming = false;
     // SAFETY: keys of this region.
     unsafe {
         r.in_next = region.box_key(r.inn, taken + span);

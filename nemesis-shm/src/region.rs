@@ -49,6 +49,14 @@ pub trait FboxAccess<'a>: Copy {
     /// these boxes held last, and `len` is the total length of `payload`, whose span
     /// ([`Region::fbox_span`]) is not 0.
     unsafe fn write(self, env: &Envelope, payload: &[&[u8]], len: usize);
+    /// Asks the CPU for the lines a `len`-byte message in this box would be written to,
+    /// for writing, without waiting for them (see `prefetch.rs`); from the second line on
+    /// when `skip_first`. A hint only; a region whose boxes are not shared memory
+    /// ignores it.
+    #[inline(always)]
+    fn prepare(self, len: usize, skip_first: bool) {
+        let _ = (len, skip_first);
+    }
     /// Writes to the box without publishing anything: a sender that expects to fill the
     /// box soon takes its cache line for writing now, off the path of the message.
     ///

@@ -732,6 +732,12 @@ impl<'a> FboxAccess<'a> for SegFbox<'a> {
         }
     }
     #[inline(always)]
+    fn prepare(self, len: usize, skip_first: bool) {
+        let lines = (FBOX_HEADER as usize + len.min(self.cap)).div_ceil(64);
+        let skip = usize::from(skip_first);
+        crate::prefetch::for_write(self.head.cast::<u8>().wrapping_add(skip * 64), lines - skip);
+    }
+    #[inline(always)]
     unsafe fn claim(self) {
         // SAFETY: the caller owns the box; its receiver reads the length only after the
         // sequence word publishes a message, which this does not.
