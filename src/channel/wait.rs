@@ -67,14 +67,57 @@ impl WaitPolicy {
     }
 }
 
-/// CPUs this process may run on.
+/// CPUs the local processes may share, as far as this process can tell: the CPUs it
+/// may run on, or, when it is bound to a single CPU, the CPUs online. A launcher that
+/// binds each rank to one CPU (`mpiexec -bind-to core`, `srun --cpu-bind=cores`) gives
+/// each its own, and counting only that one would take every such job for
+/// oversubscribed, and make every wait yield instead of spin.
 pub fn usable_cpus() -> u32 {
-    std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
+    let allowed = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    cpus_for_policy(allowed, affinity_cpus(), online_cpus())
+}
+
+/// The rule of [`usable_cpus`]: `allowed` (the affinity mask and any CPU quota), unless
+/// the affinity mask holds exactly one CPU (`affinity`), then `online`.
+fn cpus_for_policy(allowed: u32, affinity: Option<u32>, online: Option<u32>) -> u32 {
+    match (affinity, online) {
+        (Some(1), Some(n)) if n > 1 => n,
+        _ => allowed.max(1),
+    }
+}
+
+/// CPUs in this process's affinity mask.
+fn affinity_cpus() -> Option<u32> {
+    // SAFETY: an all-zero cpu_set_t is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a writable cpu_set_t of the size passed; pid 0 is this thread.
+    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    // SAFETY: `set` was filled in by the kernel.
+    (rc == 0).then(|| unsafe { libc::CPU_COUNT(&set) } as u32)
+}
+
+/// CPUs online on this machine.
+fn online_cpus() -> Option<u32> {
+    // SAFETY: sysconf takes a constant and touches no memory of ours.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    (n > 0).then_some(n as u32)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_bound_to_one_cpu_counts_the_cpus_online() {
+        assert_eq!(cpus_for_policy(1, Some(1), Some(16)), 16, "bound by a launcher");
+        assert_eq!(cpus_for_policy(4, Some(4), Some(16)), 4, "a set of CPUs to share");
+        assert_eq!(cpus_for_policy(1, Some(8), Some(16)), 1, "a CPU quota of one");
+        assert_eq!(cpus_for_policy(1, Some(1), Some(1)), 1);
+        assert_eq!(cpus_for_policy(2, None, None), 2, "nothing more known");
+        // Two processes bound one CPU each on a 2-CPU machine do not oversubscribe it.
+        let p = WaitPolicy::from_lookup(2, cpus_for_policy(1, Some(1), Some(2)), |_| None).unwrap();
+        assert!(p.spin > 0, "{p:?}");
+    }
 
     #[test]
     fn oversubscription_sleeps_sooner() {
