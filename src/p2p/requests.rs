@@ -220,6 +220,12 @@ pub(crate) struct SendReq {
 }
 
 impl SendReq {
+    /// As [`RecvReq::forgotten`].
+    #[inline(always)]
+    pub(crate) fn forgotten(&self) -> bool {
+        self.detached || self.holder.is_owned()
+    }
+
     /// As [`RecvReq::owns_something`].
     #[inline(always)]
     fn owns_something(&self) -> bool {
@@ -251,7 +257,7 @@ impl Req {
     fn forgotten(&self) -> bool {
         match self {
             Req::Recv(r) => r.forgotten(),
-            Req::Send(s) => s.detached || s.holder.is_owned(),
+            Req::Send(s) => s.forgotten(),
         }
     }
 

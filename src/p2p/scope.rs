@@ -408,13 +408,12 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
 
     /// Waits until every request finishes. Fails with the first failure, after
     /// finishing (or releasing) all of them.
-    pub fn waitall(&self, rs: Vec<Request<'scope>>) -> Result<Vec<Done<'scope>>, P2pError> {
+    pub fn waitall(&self, mut rs: Vec<Request<'scope>>) -> Result<Vec<Done<'scope>>, P2pError> {
         let mut w = self.world();
         for r in &rs {
             Self::check_world(&w, r)?;
         }
         w.wait_all_of(rs.len(), |i| rs[i].id)?;
-        let mut rs = rs;
         let mut done = Vec::with_capacity(rs.len());
         let mut first_err = None;
         for r in &mut rs {
