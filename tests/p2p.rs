@@ -355,12 +355,15 @@ fn lmt_strategies() -> Vec<&'static str> {
 #[test]
 fn stress_through_every_large_message_strategy() {
     // Each strategy alone moves every message above the eager limit (no medium
-    // messages); then the default: medium messages, and the rendezvous above them.
-    for lmt in lmt_strategies().into_iter().chain(["medium"]) {
+    // messages); then the default: medium messages, through the pair buffer when it is
+    // free, and the rendezvous above them; then medium messages through packets alone.
+    for lmt in lmt_strategies().into_iter().chain(["medium", "medium-packets"]) {
         let dir = shm_dir(&format!("p2p-stress-{lmt}"));
         let mut cmd = run(3, "stress", &dir);
         cmd.env("STRESS_SEED", "11").env("STRESS_ROUNDS", "12");
-        if lmt != "medium" {
+        if lmt == "medium-packets" {
+            cmd.env("NEMESIS_PAIR_SIZE", "0");
+        } else if lmt != "medium" {
             cmd.env("NEMESIS_LMT", lmt).env("NEMESIS_MEDIUM_LIMIT", "0");
         }
         let o = cmd.output().unwrap();

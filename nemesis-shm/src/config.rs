@@ -19,6 +19,19 @@ pub const DEFAULT_FBOX_SLOTS: u32 = 64;
 pub const FBOX_BUDGET: usize = 64 << 20;
 /// Most fastboxes per ordered pair.
 pub const MAX_FBOX_SLOTS: u32 = 64;
+/// Bytes of the buffer each pair of processes shares for medium messages when
+/// `NEMESIS_PAIR_SIZE` is unset, unless [`PAIR_BUDGET`] asks for less: the default
+/// medium limit, so every medium message can take it.
+pub const DEFAULT_PAIR_SIZE: u32 = 128 << 10;
+/// Most bytes the default pair buffers may take in one segment; with more processes the
+/// default halves until they fit, and the buffers go when even the smallest would not.
+pub const PAIR_BUDGET: usize = 32 << 20;
+/// Smallest pair buffer: two pieces, so that one message can take more than a packet.
+pub const MIN_PAIR_SIZE: u32 = 2 * crate::pairbuf::PIECE as u32;
+/// Largest pair buffer, the largest medium message.
+pub const MAX_PAIR_SIZE: u32 = 1 << 20;
+/// [`Geometry::pair_size`] when the number of processes decides it.
+pub const PAIR_AUTO: u32 = u32::MAX;
 /// Directory of the segment file when `NEMESIS_SHM_DIR` is unset.
 pub const DEFAULT_SHM_DIR: &str = "/dev/shm";
 /// Most processes one node's segment serves.
@@ -44,6 +57,10 @@ pub struct Geometry {
     /// Fastboxes per ordered pair of processes, a power of two; 0 lets
     /// [`Geometry::resolve`] choose by the number of processes (`NEMESIS_FBOX_SLOTS`).
     pub fbox_slots: u32,
+    /// Bytes of the buffer each unordered pair of processes shares for medium messages,
+    /// a multiple of [`crate::pairbuf::PIECE`], or 0 for none; [`PAIR_AUTO`] lets
+    /// [`Geometry::resolve`] choose by the number of processes (`NEMESIS_PAIR_SIZE`).
+    pub pair_size: u32,
 }
 
 impl Default for Geometry {
@@ -53,6 +70,7 @@ impl Default for Geometry {
             cell_size: DEFAULT_CELL_SIZE,
             fbox_size: DEFAULT_FBOX_SIZE,
             fbox_slots: 0,
+            pair_size: PAIR_AUTO,
         }
     }
 }
@@ -71,6 +89,7 @@ impl Geometry {
             cell_size: size_var(&get, "NEMESIS_CELL_SIZE", d.cell_size)?,
             fbox_size: size_var(&get, "NEMESIS_FBOX_SIZE", d.fbox_size)?,
             fbox_slots: size_var(&get, "NEMESIS_FBOX_SLOTS", d.fbox_slots)?,
+            pair_size: size_var(&get, "NEMESIS_PAIR_SIZE", d.pair_size)?,
         };
         g.validate()?;
         Ok(g)
@@ -122,6 +141,17 @@ impl Geometry {
                 "must be 0 (chosen by the number of processes) or a power of two up to 64",
             );
         }
+        let piece = crate::pairbuf::PIECE as u32;
+        if self.pair_size != PAIR_AUTO
+            && self.pair_size != 0
+            && (!(MIN_PAIR_SIZE..=MAX_PAIR_SIZE).contains(&self.pair_size) || self.pair_size % piece != 0)
+        {
+            return bad(
+                "NEMESIS_PAIR_SIZE",
+                self.pair_size,
+                "must be 0 (no pair buffers) or a multiple of 8K between 16K and 1M",
+            );
+        }
         Ok(())
     }
 
@@ -140,7 +170,30 @@ impl Geometry {
                 k /= 2;
             }
         }
+        if self.pair_size == PAIR_AUTO {
+            let n = nprocs as usize;
+            let pairs = n * n.saturating_sub(1) / 2;
+            let mut size = DEFAULT_PAIR_SIZE;
+            while size >= MIN_PAIR_SIZE && pairs.saturating_mul(Self::pair_stride_of(size)) > PAIR_BUDGET {
+                size /= 2;
+            }
+            self.pair_size = if size >= MIN_PAIR_SIZE { size } else { 0 };
+        }
         self
+    }
+
+    /// Bytes one pair's buffer takes in the segment, head included, once
+    /// [`Geometry::resolve`]d; 0 when there are none.
+    pub fn pair_stride(&self) -> usize {
+        Self::pair_stride_of(self.pair_size)
+    }
+
+    fn pair_stride_of(size: u32) -> usize {
+        if size == 0 {
+            0
+        } else {
+            crate::sync::PAD + size as usize
+        }
     }
 
     /// Payload bytes of one cell.
@@ -281,6 +334,9 @@ mod tests {
             ("NEMESIS_CELL_SIZE", "1000"),
             ("NEMESIS_FBOX_SIZE", "100"),
             ("NEMESIS_CELL_SIZE", "99999999999999999999"),
+            ("NEMESIS_PAIR_SIZE", "8192"),
+            ("NEMESIS_PAIR_SIZE", "20000"),
+            ("NEMESIS_PAIR_SIZE", "2097152"),
         ] {
             let err = Geometry::from_lookup(env(&[(var, val)])).unwrap_err();
             let msg = err.to_string();
@@ -289,6 +345,18 @@ mod tests {
         let err = Geometry::from_lookup(env(&[("NEMESIS_CELL_SIZE", "256"), ("NEMESIS_FBOX_SIZE", "384")]))
             .unwrap_err();
         assert!(err.to_string().contains("more payload than a cell"), "{err}");
+    }
+
+    #[test]
+    fn pair_buffers_default_by_process_count_and_can_be_set_or_turned_off() {
+        let d = Geometry::default();
+        assert_eq!(d.pair_size, PAIR_AUTO);
+        assert_eq!(d.resolve(2).pair_size, DEFAULT_PAIR_SIZE);
+        assert_eq!(d.resolve(2).pair_stride(), 128 + DEFAULT_PAIR_SIZE as usize);
+        let off = Geometry::from_lookup(env(&[("NEMESIS_PAIR_SIZE", "0")])).unwrap();
+        assert_eq!((off.resolve(2).pair_size, off.pair_stride()), (0, 0));
+        let set = Geometry::from_lookup(env(&[("NEMESIS_PAIR_SIZE", "1M")])).unwrap();
+        assert_eq!(set.resolve(200).pair_size, 1 << 20, "a size asked for is kept");
     }
 
     #[test]

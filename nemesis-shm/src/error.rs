@@ -43,8 +43,8 @@ pub enum ShmError {
     #[error(
         "not enough room in {dir} for the shared segment: it needs {needed}, but only {available} \
          is free (short by {shortfall}). Shrink it with NEMESIS_CELLS (now {cells}), \
-         NEMESIS_CELL_SIZE (now {cell_size}) or NEMESIS_FBOX_SIZE (now {fbox_size}), or point \
-         NEMESIS_SHM_DIR at a larger tmpfs"
+         NEMESIS_CELL_SIZE (now {cell_size}), NEMESIS_FBOX_SIZE (now {fbox_size}) or \
+         NEMESIS_PAIR_SIZE (now {pair_size}), or point NEMESIS_SHM_DIR at a larger tmpfs"
     )]
     NoSpace {
         /// The directory.
@@ -61,6 +61,8 @@ pub enum ShmError {
         cell_size: u32,
         /// Current fastbox size.
         fbox_size: u32,
+        /// Current pair buffer size.
+        pair_size: u32,
     },
     /// The segment was made by a build with another shared-memory layout.
     #[error(

@@ -20,6 +20,7 @@ pub mod error;
 mod file;
 pub mod futex;
 pub mod heap;
+pub mod pairbuf;
 pub mod port;
 #[cfg(not(loom))]
 mod prefetch;

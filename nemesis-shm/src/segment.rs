@@ -1,5 +1,6 @@
 //! The node's shared segment: one mapping holding every process's queues, doorbell and
-//! cells, the ring of fastboxes of every ordered pair, and the blocks of node collectives.
+//! cells, the ring of fastboxes of every ordered pair, the blocks of node collectives and
+//! the buffer every unordered pair shares for medium messages.
 //!
 //! Node-local process 0 creates the file under a temporary name, reserves its full size
 //! with `posix_fallocate` (so a full /dev/shm is an error now, not a SIGBUS later),
@@ -12,6 +13,7 @@ use crate::config::{CELL_HEADER, FBOX_HEADER, FBOX_RING_HEADER, Geometry, MAX_LO
 use crate::doorbell::Doorbell;
 use crate::error::{Bytes, ShmError};
 use crate::file::{self, CreateError, Mapping};
+use crate::pairbuf::{PIECE, PairBuf, PairHead};
 use crate::queue::{Links, QueueShared};
 use crate::region::{CellAccess, CellMeta, Envelope, FboxAccess, Region, gather};
 use crate::sync::{AtomicU32, AtomicU64, CachePadded, Ordering, PAD, UnsafeCell};
@@ -25,7 +27,7 @@ use std::time::{Duration, Instant};
 /// The first word of every segment.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"NEMESIS\x01");
 /// Bumped whenever the meaning of the layout changes without its shape changing.
-pub const LAYOUT_VERSION: u32 = 4;
+pub const LAYOUT_VERSION: u32 = 5;
 
 #[repr(C)]
 struct SegHeader {
@@ -41,7 +43,7 @@ struct SegHeader {
     fbox_size: u32,
     fbox_slots: u32,
     node: u32,
-    _reserved: u32,
+    pair_size: u32,
     /// Names the wake sockets of the segment's processes (see `crate::wake`).
     wake_key: u64,
 }
@@ -116,7 +118,7 @@ const _: () = {
 /// A fingerprint of every shared structure's shape. Builds that disagree refuse to share
 /// a segment rather than corrupt it.
 pub const LAYOUT_HASH: u64 = {
-    let parts: [usize; 28] = [
+    let parts: [usize; 30] = [
         LAYOUT_VERSION as usize,
         size_of::<SegHeader>(),
         offset_of!(SegHeader, nprocs),
@@ -126,6 +128,8 @@ pub const LAYOUT_HASH: u64 = {
         offset_of!(SegHeader, fbox_size),
         offset_of!(SegHeader, fbox_slots),
         offset_of!(SegHeader, wake_key),
+        offset_of!(SegHeader, pair_size),
+        size_of::<PairHead>(),
         size_of::<Control>(),
         offset_of!(Control, barrier),
         offset_of!(Control, probe),
@@ -174,6 +178,8 @@ struct Layout {
     /// The collective blocks, each a head and its slots.
     colls: usize,
     coll_stride: usize,
+    /// The pair buffers, one per unordered pair.
+    pairs: usize,
     cells: usize,
     total_cells: usize,
     total: usize,
@@ -204,7 +210,11 @@ impl Layout {
         let colls = (fboxes + fbox_bytes).next_multiple_of(PAD);
         let coll_stride = (size_of::<CollHead>() + coll::slot_words(n) * size_of::<UnsafeCell<u64>>())
             .next_multiple_of(PAD);
-        let cells = (colls + coll::BLOCKS * coll_stride).next_multiple_of(PAGE);
+        let pairs = (colls + coll::BLOCKS * coll_stride).next_multiple_of(PAGE);
+        let pair_bytes = (n * (n - 1) / 2)
+            .checked_mul(geo.pair_stride())
+            .ok_or_else(too_large)?;
+        let cells = (pairs + pair_bytes).next_multiple_of(PAGE);
         let total_cells = n
             .checked_mul(geo.cells_per_proc as usize)
             .filter(|&c| c < u32::MAX as usize)
@@ -222,6 +232,7 @@ impl Layout {
             fboxes,
             colls,
             coll_stride,
+            pairs,
             cells,
             total_cells,
             total,
@@ -304,6 +315,8 @@ pub struct Segment {
     linked: AtomicBool,
     /// Our local index once registered, else `u32::MAX`.
     me: std::sync::atomic::AtomicU32,
+    /// The pieces' stand-in cells of every pair buffer, zero-sized outside loom.
+    pair_guards: Box<[UnsafeCell<()>]>,
 }
 
 // SAFETY: the mapping is shared memory whose every concurrently used field is an atomic;
@@ -375,7 +388,7 @@ impl Segment {
         let (map, path) = match file::create(&spec.dir, &spec.name, layout.total, write) {
             Ok(m) => m,
             Err(CreateError::NoSpace { needed, available }) => {
-                return Err(no_space(&spec.dir, needed, available, spec.geometry));
+                return Err(no_space(&spec.dir, needed, available, layout.geo));
             }
             Err(CreateError::Other(e)) => return Err(e),
         };
@@ -426,6 +439,7 @@ impl Segment {
                     cell_size: addr_of!(h.cell_size).read(),
                     fbox_size: addr_of!(h.fbox_size).read(),
                     fbox_slots: addr_of!(h.fbox_slots).read(),
+                    pair_size: addr_of!(h.pair_size).read(),
                 },
                 addr_of!(h.total_size).read(),
             )
@@ -490,6 +504,9 @@ impl Segment {
             path,
             linked: AtomicBool::new(false),
             me: std::sync::atomic::AtomicU32::new(u32::MAX),
+            pair_guards: (0..layout.geo.pair_size as usize / PIECE)
+                .map(|_| UnsafeCell::new(()))
+                .collect(),
         }
     }
 
@@ -517,6 +534,7 @@ impl Segment {
             addr_of_mut!((*h).cell_size).write(l.geo.cell_size);
             addr_of_mut!((*h).fbox_size).write(l.geo.fbox_size);
             addr_of_mut!((*h).fbox_slots).write(l.geo.fbox_slots);
+            addr_of_mut!((*h).pair_size).write(l.geo.pair_size);
             addr_of_mut!((*h).node).write(node);
             addr_of_mut!((*h).wake_key).write(crate::config::random_id());
             (*h).magic.store(MAGIC, Ordering::Release);
@@ -656,6 +674,35 @@ impl Segment {
         Some(Block::new(head, words, n))
     }
 
+    /// The buffer local processes `me` and `peer` share for medium messages, as `me`
+    /// sees it; `None` when the segment has none, or for a process and itself.
+    #[inline]
+    pub fn pair_buf(&self, me: u32, peer: u32) -> Option<PairBuf<'_>> {
+        let l = &self.layout;
+        let n = l.nprocs as usize;
+        let (a, b) = (me.min(peer) as usize, me.max(peer) as usize);
+        if l.geo.pair_size == 0 || a == b || b >= n {
+            return None;
+        }
+        // Pairs (a, b) with a < b in order: those of every smaller a, then b's place.
+        let i = a * (2 * n - a - 1) / 2 + (b - a - 1);
+        let stride = l.geo.pair_stride();
+        // SAFETY: pair `i` lies inside the mapping by construction of the layout, at a
+        // 128-byte boundary, its bytes after its head; zeroed memory is a free
+        // `PairHead`; only views of this pair touch its bytes; the holder values are
+        // distinct and not 0.
+        unsafe {
+            let at = self.map.base.as_ptr().add(l.pairs + i * stride);
+            Some(PairBuf::from_raw(
+                &*at.cast::<PairHead>(),
+                &self.pair_guards,
+                at.add(size_of::<PairHead>()),
+                me + 1,
+                peer + 1,
+            ))
+        }
+    }
+
     /// Cache lines reserved for measuring the raw line-transfer time between two
     /// processes, next to which message latencies are reported.
     pub fn probe_lines(&self) -> [&AtomicU64; 2] {
@@ -695,6 +742,7 @@ fn no_space(dir: &Path, needed: u64, available: u64, geo: Geometry) -> ShmError 
         cells: geo.cells_per_proc,
         cell_size: geo.cell_size,
         fbox_size: geo.fbox_size,
+        pair_size: geo.pair_size,
     }
 }
 
@@ -1070,6 +1118,7 @@ mod tests {
             cell_size: 16 << 20,
             fbox_size: 1152,
             fbox_slots: 0,
+            pair_size: 0,
         };
         let err = Segment::create(&s).unwrap_err();
         let msg = err.to_string();
@@ -1179,16 +1228,55 @@ mod tests {
     }
 
     #[test]
+    fn every_pair_has_a_buffer_of_its_own_that_both_see() {
+        use crate::ring::Seg;
+        let geo = Geometry {
+            pair_size: 16 << 10,
+            ..Geometry::default()
+        };
+        let seg = Segment::anonymous(4, geo).unwrap();
+        assert!(seg.pair_buf(1, 1).is_none() && seg.pair_buf(0, 4).is_none());
+        let pairs: Vec<(u32, u32)> = (0..4).flat_map(|a| (a + 1..4).map(move |b| (a, b))).collect();
+        for &(a, b) in &pairs {
+            let (x, y) = (seg.pair_buf(a, b).unwrap(), seg.pair_buf(b, a).unwrap());
+            assert_eq!(x.capacity(), 16 << 10);
+            assert!(x.try_claim() && y.held_by_peer(), "({a}, {b})");
+            let fill = vec![(a * 4 + b) as u8; 16 << 10];
+            // SAFETY: `fill` holds the bytes; `x` holds the buffer.
+            unsafe { x.fill(&[Seg::of(&fill)], fill.len()) };
+        }
+        for &(a, b) in &pairs {
+            let y = seg.pair_buf(b, a).unwrap();
+            assert_eq!(y.written(), 16 << 10);
+            let mut all = true;
+            // SAFETY: the peer holds the buffer and published every byte.
+            unsafe { y.read(0, 16 << 10, |s| all &= s.iter().all(|&c| c == (a * 4 + b) as u8)) };
+            assert!(all, "pair ({a}, {b}) was written by another");
+            y.release();
+            assert!(!seg.pair_buf(a, b).unwrap().held_by_peer());
+        }
+    }
+
+    #[test]
     fn default_memory_for_64_processes() {
         let bytes = Segment::bytes_for(64, Geometry::default()).unwrap();
         // Cells: 64 x 64 x 8 KiB; 64 x 63 rings of a 128-byte head and 4 fastboxes of
         // 1152 bytes, with room for 3 more after them; eight collective blocks of a
-        // 384-byte head and 2 x 64 slots of 272 bytes.
+        // 384-byte head and 2 x 64 slots of 272 bytes; 64 x 63 / 2 pair buffers of a
+        // 128-byte head and 16 KiB, the largest whose total fits the budget.
         let fboxes_end = 512 + 64 * 512 + 64 * 63 * (128 + 7 * 1152usize);
         let colls = 8 * (384 + 2 * 64 * 272);
+        let pairs = 64 * 63 / 2 * (128 + (16 << 10));
         assert_eq!(
             bytes,
-            (fboxes_end + colls).next_multiple_of(4096) + 64 * 64 * 8192
+            ((fboxes_end + colls).next_multiple_of(4096) + pairs).next_multiple_of(4096) + 64 * 64 * 8192
+        );
+        assert_eq!(Geometry::default().resolve(64).pair_size, 16 << 10);
+        assert_eq!(Geometry::default().resolve(2).pair_size, 128 << 10);
+        assert_eq!(
+            Geometry::default().resolve(100).pair_size,
+            0,
+            "not even 16 KiB each fits"
         );
     }
 }

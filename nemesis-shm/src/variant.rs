@@ -42,6 +42,12 @@ pub trait Variant: 'static {
     /// The store that empties a copy-ring slot, which hands it back to the sender after
     /// the receiver's last read of it.
     const RING_RETURN: Ordering = Ordering::Release;
+    /// The store of a pair buffer's written count by the sender, which publishes the
+    /// bytes it counts.
+    const PAIR_PUBLISH: Ordering = Ordering::Release;
+    /// The store that frees a pair buffer, which hands it to the next claimer after the
+    /// receiver's last read.
+    const PAIR_RELEASE: Ordering = Ordering::Release;
     /// The increments that release a window's reader-writer lock, which publish what
     /// the holder wrote to the next holder.
     const RMA_LOCK_RELEASE: Ordering = Ordering::Release;
@@ -197,6 +203,26 @@ pub enum RelaxedRingReturn {}
 #[cfg(loom)]
 impl Variant for RelaxedRingReturn {
     const RING_RETURN: Ordering = Ordering::Relaxed;
+}
+
+/// Broken: the sender through a pair buffer publishes its bytes with a Relaxed store, so
+/// the receiver may copy them out before they land.
+#[cfg(loom)]
+#[derive(Debug)]
+pub enum RelaxedPairPublish {}
+#[cfg(loom)]
+impl Variant for RelaxedPairPublish {
+    const PAIR_PUBLISH: Ordering = Ordering::Relaxed;
+}
+
+/// Broken: the receiver frees a pair buffer with a Relaxed store, so the next claimer
+/// may write it while the receiver still reads it.
+#[cfg(loom)]
+#[derive(Debug)]
+pub enum RelaxedPairRelease {}
+#[cfg(loom)]
+impl Variant for RelaxedPairRelease {
+    const PAIR_RELEASE: Ordering = Ordering::Relaxed;
 }
 
 /// Broken: a window's lock is released with Relaxed increments, so the next holder may

@@ -18,6 +18,7 @@ pub use nemesis::{NO_SHM_VAR, NemesisChannel};
 pub use shm::ShmChannel;
 pub use wait::{WaitPolicy, usable_cpus};
 
+use nemesis_shm::pairbuf::PairBufs;
 use nemesis_shm::{Envelope, Segment};
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
@@ -292,6 +293,12 @@ pub trait Channel {
         None
     }
 
+    /// The buffers this process shares with each local peer for medium messages (see
+    /// `nemesis_shm::pairbuf`), if the node's segment has them.
+    fn pair_bufs(&self) -> Option<PairBufs> {
+        None
+    }
+
     /// The large-message strategies towards the peers this channel reaches: those of
     /// the node, RDMA read to other nodes where the network module offers it, and
     /// chunks through packets for everything else.
@@ -423,6 +430,9 @@ impl<C: Channel + ?Sized> Channel for &mut C {
     }
     fn node_segment(&self) -> Option<Arc<Segment>> {
         (**self).node_segment()
+    }
+    fn pair_bufs(&self) -> Option<PairBufs> {
+        (**self).pair_bufs()
     }
     fn lmt(&mut self) -> nemesis_lmt::Routes<'_> {
         (**self).lmt()

@@ -534,6 +534,10 @@ impl Channel for NemesisChannel {
         self.shm.node_segment()
     }
 
+    fn pair_bufs(&self) -> Option<nemesis_shm::pairbuf::PairBufs> {
+        self.shm.pair_bufs()
+    }
+
     fn lmt(&mut self) -> nemesis_lmt::Routes<'_> {
         let (rdma, regs) = match self.net.as_mut() {
             Some(Net { netmod, regs, .. }) => match netmod.rdma() {

@@ -6,6 +6,7 @@ use super::{Channel, ChannelError, Header, Packet, Rank, SendStatus, SendTicket}
 use crate::bootstrap::{Boot, BootInfo};
 use nemesis_lmt::{LocalLmt, Policy};
 use nemesis_shm::config::shm_dir;
+use nemesis_shm::pairbuf::PairBufs;
 use nemesis_shm::wake::{SocketWake, WakeSocket};
 use nemesis_shm::{Geometry, JoinSpec, PeerState, Port, Segment};
 use std::collections::VecDeque;
@@ -548,6 +549,17 @@ impl Channel for ShmChannel {
         Some(self.segment().clone())
     }
 
+    fn pair_bufs(&self) -> Option<PairBufs> {
+        let me = self.rank_of.iter().position(|&r| r == self.rank)?;
+        // Ourselves and ranks elsewhere have no buffer: both sentinels become `u32::MAX`.
+        let local_of = self
+            .local_of
+            .iter()
+            .map(|&l| if l >= SELF { u32::MAX } else { l })
+            .collect();
+        PairBufs::new(self.segment().clone(), me as u32, local_of)
+    }
+
     fn check_peer(&self, peer: Rank) -> Result<(), ChannelError> {
         let Some(&local) = self.local_of.get(peer as usize) else {
             return Err(ChannelError::InvalidRank {
@@ -644,6 +656,7 @@ mod tests {
             cell_size: 256,
             fbox_size: 128,
             fbox_slots: 1,
+            pair_size: 0,
         };
         let mut j = local_job(2, geo);
         let mut tickets = Vec::new();
@@ -679,6 +692,7 @@ mod tests {
             cell_size: 256,
             fbox_size: 0,
             fbox_slots: 1,
+            pair_size: 0,
         };
         let mut j = local_job(3, geo);
         // Rank 1 never polls; rank 0 keeps sending to it.
@@ -710,6 +724,7 @@ mod tests {
             cell_size: 256,
             fbox_size: 0,
             fbox_slots: 1,
+            pair_size: 0,
         };
         let mut j = local_job(2, geo);
         for i in 0..5 {

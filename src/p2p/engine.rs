@@ -12,6 +12,7 @@ use super::wire::{self, CTS, DATA, DONE, EAGER, FIN, MDATA, MEDIUM, REVOKE, REVO
 use super::{P2pError, Status};
 use crate::channel::{Channel, Header};
 use crate::progress::Outbox;
+use nemesis_shm::pairbuf::PairBufs;
 
 /// The engine's state apart from the channel, so both can be borrowed at once.
 #[derive(Debug)]
@@ -20,6 +21,9 @@ pub(crate) struct Engine {
     pub(crate) reqs: Requests,
     pub(crate) rndv: Rndv,
     pub(crate) medium: Medium,
+    /// The buffers shared with each local peer, through which medium messages go when
+    /// they are free.
+    pub(crate) pairs: Option<PairBufs>,
     /// Control packets produced while handling, sent by the chores.
     out: Outbox,
     fault: Option<P2pError>,
@@ -36,6 +40,7 @@ impl Engine {
             reqs: Requests::default(),
             rndv: Rndv::default(),
             medium: Medium::new(size),
+            pairs: None,
             out: Outbox::new(size),
             fault: None,
             chores: false,
@@ -70,8 +75,8 @@ impl Engine {
     /// registers).
     #[inline(never)]
     pub(crate) fn handle(&mut self, src: u32, h: Header, payload: &[u8]) {
-        if self.medium.interrupted_by(src) && h.kind != MDATA {
-            self.break_medium(src, "a medium message broken off by another packet".into());
+        if self.medium.interrupted_by(src) && (h.kind != MDATA || self.medium.paired_from(src)) {
+            self.interrupted(src);
         }
         let r = match h.kind {
             EAGER => {
@@ -127,11 +132,97 @@ impl Engine {
         });
     }
 
+    /// A packet came from `src` while its medium message is under way. One that came
+    /// through the pair buffer was written whole before the packet was sent: it is
+    /// taken now. Anything else breaks the message off.
+    #[cold]
+    #[inline(never)]
+    fn interrupted(&mut self, src: u32) {
+        if self.medium.paired_from(src) {
+            self.pull_paired(src);
+            if self.medium.paired_from(src) {
+                self.break_medium(
+                    src,
+                    "a medium message in the pair buffer broken off by another packet".into(),
+                );
+            }
+        } else {
+            self.break_medium(src, "a medium message broken off by another packet".into());
+        }
+    }
+
+    /// Copies what the pair buffer holds of `src`'s message under way, and frees the
+    /// buffer once the message is whole.
+    fn pull_paired(&mut self, src: u32) {
+        let Some((got, total)) = self.medium.progress_of(src) else {
+            return;
+        };
+        let Some(pairs) = self.pairs.take() else {
+            return;
+        };
+        if let Some(pb) = pairs.with(src) {
+            let upto = pb.written().min(total);
+            if upto > got {
+                // SAFETY: the peer held the buffer when it announced the message (checked
+                // then) and keeps it until we free it; it has published `upto` bytes.
+                // The bytes cannot overrun the message: `upto <= total`.
+                unsafe {
+                    pb.read(got, upto, |s| {
+                        let _ = self.on_mdata(src, s);
+                    })
+                };
+            }
+            if upto == total {
+                pb.release();
+            }
+        }
+        self.pairs = Some(pairs);
+    }
+
+    /// Moves every medium message under way through a pair buffer on.
+    #[inline(never)]
+    fn pull_all_paired(&mut self) {
+        let mut i = 0;
+        while let Some(&src) = self.medium.paired().get(i) {
+            self.pull_paired(src);
+            // A whole message left the list; one still under way stays.
+            if self.medium.paired_from(src) {
+                i += 1;
+            }
+        }
+    }
+
+    /// `peer` failed: a message it was writing into the pair buffer will never be whole.
+    /// The buffer stays held, so neither side uses it again.
+    pub(crate) fn peer_terminated(&mut self, peer: u32) {
+        if self.medium.paired_from(peer) {
+            self.medium.abandon(peer);
+        }
+    }
+
+    /// Whether a MEDIUM from `src` that says its bytes come through the pair buffer
+    /// may: the buffer is there, `src` holds it, and the message fits.
+    pub(crate) fn paired_ok(&self, src: u32, total: usize, first: usize) -> bool {
+        first == 0
+            && total > 0
+            && self
+                .pairs
+                .as_ref()
+                .and_then(|p| p.with(src))
+                .is_some_and(|b| b.held_by_peer() && total <= b.capacity())
+    }
+
     /// The first packet of a medium message: matched now if a receive is posted for it,
     /// else gathered aside.
     fn on_medium(&mut self, src: u32, h: Header, first: &[u8]) -> Result<(), String> {
         let total = h.aux as usize;
         self.medium.check_first(src, total, first.len())?;
+        let paired = h.flags & wire::PAIRED != 0;
+        if paired && !self.paired_ok(src, total, first.len()) {
+            return Err(format!(
+                "a medium message of {total} bytes in a pair buffer its sender does not hold or that is too small"
+            ));
+        }
         let (ctx, tag) = (h.context, h.tag);
         let into = match self.matching.take_posted(ctx, src, tag) {
             Some(q) => {
@@ -154,11 +245,17 @@ impl Engine {
             tag,
             total,
             got: first.len(),
+            paired,
         };
         if a.got == total {
             self.medium_whole(src, a);
         } else {
             self.medium.begin(src, a);
+            if paired {
+                self.pull_paired(src);
+                // The chores take the rest as it comes.
+                self.chores |= self.medium.paired_from(src);
+            }
         }
         Ok(())
     }
@@ -250,7 +347,15 @@ impl Engine {
 
     /// A blocking receive that took the first packets of a medium message itself gives
     /// up (it failed): the rest of the message is drained into nothing.
-    pub(crate) fn discard_medium(&mut self, src: u32, ctx: u32, tag: i32, total: usize, got: usize) {
+    pub(crate) fn discard_medium(
+        &mut self,
+        src: u32,
+        ctx: u32,
+        tag: i32,
+        total: usize,
+        got: usize,
+        paired: bool,
+    ) {
         self.medium.begin(
             src,
             Assembly {
@@ -259,8 +364,10 @@ impl Engine {
                 tag,
                 total,
                 got,
+                paired,
             },
         );
+        self.chores |= paired;
     }
 
     /// The RTS in `payload`, or `None` (and a fault) if it is malformed.
@@ -368,13 +475,16 @@ impl Engine {
 
     #[inline(never)]
     fn do_chores<C: Channel>(&mut self, ch: &mut C) -> Result<(), P2pError> {
+        if !self.medium.paired().is_empty() {
+            self.pull_all_paired();
+        }
         self.rndv.drive(&mut self.reqs, ch, &mut self.out);
         let r = self
             .out
             .flush(ch)
             .and_then(|()| self.rndv.push(&mut self.reqs, ch))
             .and_then(|()| self.out.flush(ch));
-        self.chores = self.rndv.has_chores() || !self.out.is_empty();
+        self.chores = self.rndv.has_chores() || !self.out.is_empty() || !self.medium.paired().is_empty();
         if let Some(e) = self.fault.take() {
             return Err(e);
         }

@@ -10,6 +10,12 @@
 //! is gathered aside and offered to the posted receives, then to the unexpected queue,
 //! once whole. Until then nothing else from its source can arrive, so matching it late
 //! keeps the order between a pair.
+//!
+//! Within the node a medium message may go through the buffer its two processes share
+//! instead (`nemesis_shm::pairbuf`), when the sender finds it free: the MEDIUM packet
+//! then carries no bytes and says so, and the sender writes the message into the buffer
+//! before it sends anything else to that peer. So a later packet from the source finds
+//! the whole message published, and the receiver takes it before that packet.
 
 /// The largest medium message a receiver accepts, whatever the sender's limit: what one
 /// source can make it gather aside.
@@ -35,6 +41,8 @@ pub(crate) struct Assembly {
     pub total: usize,
     /// Bytes arrived so far.
     pub got: usize,
+    /// Whether the bytes come through the pair buffer rather than MDATA packets.
+    pub paired: bool,
 }
 
 /// The assemblies under way, one slot per world rank.
@@ -43,6 +51,10 @@ pub(crate) struct Medium {
     arriving: Vec<Option<Assembly>>,
     /// How many are under way: while none is, a packet needs no look at its source.
     active: usize,
+    /// The sources whose message under way comes through the pair buffer.
+    paired: Vec<u32>,
+    /// Messages that came through the pair buffer, for the tests.
+    pub(crate) paired_taken: u64,
 }
 
 impl Medium {
@@ -50,6 +62,8 @@ impl Medium {
         Self {
             arriving: (0..size).map(|_| None).collect(),
             active: 0,
+            paired: Vec::new(),
+            paired_taken: 0,
         }
     }
 
@@ -71,7 +85,38 @@ impl Medium {
     pub(crate) fn begin(&mut self, src: u32, a: Assembly) {
         if let Some(slot) = self.arriving.get_mut(src as usize) {
             self.active += usize::from(slot.is_none());
+            if a.paired {
+                self.paired.push(src);
+                self.paired_taken += 1;
+            }
             *slot = Some(a);
+        }
+    }
+
+    /// The sources whose message under way comes through the pair buffer.
+    #[inline]
+    pub(crate) fn paired(&self) -> &[u32] {
+        &self.paired
+    }
+
+    /// Whether `src`'s message under way comes through the pair buffer.
+    pub(crate) fn paired_from(&self, src: u32) -> bool {
+        self.arriving
+            .get(src as usize)
+            .is_some_and(|a| a.as_ref().is_some_and(|a| a.paired))
+    }
+
+    /// Bytes arrived and announced of `src`'s message under way.
+    pub(crate) fn progress_of(&self, src: u32) -> Option<(usize, usize)> {
+        let a = self.arriving.get(src as usize)?.as_ref()?;
+        Some((a.got, a.total))
+    }
+
+    /// Takes `src`'s assembly out of the counts.
+    fn ended(&mut self, src: u32, a: &Assembly) {
+        self.active -= 1;
+        if a.paired {
+            self.paired.retain(|&s| s != src);
         }
     }
 
@@ -86,7 +131,7 @@ impl Medium {
     #[cold]
     pub(crate) fn abandon(&mut self, src: u32) -> Option<Assembly> {
         let a = self.arriving.get_mut(src as usize)?.take()?;
-        self.active -= 1;
+        self.ended(src, &a);
         Some(a)
     }
 
@@ -113,8 +158,9 @@ impl Medium {
             _ => None,
         };
         if a.got == total {
-            self.active -= 1;
-            return Ok(Step::Whole(slot.take().expect("an assembly")));
+            let a = slot.take().expect("an assembly");
+            self.ended(src, &a);
+            return Ok(Step::Whole(a));
         }
         Ok(Step::Part(req, at))
     }
@@ -141,6 +187,7 @@ mod tests {
             tag: 1,
             total,
             got: 0,
+            paired: false,
         }
     }
 
@@ -174,5 +221,25 @@ mod tests {
         assert!(m.abandon(2).is_some());
         assert!(!m.interrupted_by(2) && !m.interrupted_by(1));
         m.check_first(2, 4, 1).expect("a broken message is dropped");
+    }
+
+    #[test]
+    fn the_paired_sources_are_those_under_way() {
+        let mut m = Medium::new(4);
+        let paired = |total| Assembly {
+            paired: true,
+            ..gather(total)
+        };
+        m.begin(1, paired(4));
+        m.begin(3, paired(2));
+        m.begin(2, gather(2));
+        assert_eq!(m.paired(), &[1, 3]);
+        assert!(m.paired_from(1) && !m.paired_from(2));
+        assert_eq!(m.progress_of(3), Some((0, 2)));
+        assert!(matches!(m.next(3, b"xy").unwrap(), Step::Whole(_)));
+        assert_eq!(m.paired(), &[1]);
+        assert!(m.abandon(1).is_some());
+        assert!(m.paired().is_empty());
+        assert!(m.interrupted_by(2), "the packet-borne message is still under way");
     }
 }

@@ -1355,3 +1355,134 @@ fn broken_medium_messages_are_protocol_errors_not_panics() {
         }
     });
 }
+
+#[test]
+fn medium_messages_take_the_pair_buffer_both_ways_and_hand_it_back() {
+    job(2, |mut w| {
+        let c = w.comm();
+        let peer = 1 - w.rank();
+        let len = 65_536;
+        let mut buf = vec![0u8; len];
+        for round in 0..3u32 {
+            // A ping-pong: each side replies through the lines it has just read.
+            if w.rank() == 0 {
+                w.send(&c, peer, 1, &pattern(round, len)).unwrap();
+                // Posted before the reply comes, this time.
+                w.scope(|s| {
+                    let r = s.irecv(&c, peer, 2, &mut buf).unwrap();
+                    assert_eq!(s.wait(r).unwrap().status().len, len);
+                });
+            } else {
+                assert_eq!(w.recv(&c, peer, 1, &mut buf).unwrap().len, len);
+                assert!(buf == pattern(round, len), "round {round} there");
+                w.send(&c, peer, 2, &pattern(round + 100, len)).unwrap();
+            }
+        }
+        if w.rank() == 0 {
+            assert!(buf == pattern(102, len), "the last reply");
+        }
+        // Every message took the buffer: each receiver freed it before it replied.
+        assert_eq!(w.eng.medium.paired_taken, 3, "rank {}", w.rank());
+        let pairs = w.eng.pairs.clone().unwrap();
+        let pb = pairs.with(peer).unwrap();
+        w.barrier(&c).unwrap();
+        assert!(pb.try_claim(), "rank {}: the buffer was handed back", w.rank());
+        pb.unclaim();
+        w.barrier(&c).unwrap();
+        // Gathered aside, then matched: both ranks send first.
+        w.send(&c, peer, 3, &pattern(7 + w.rank(), 40_000)).unwrap();
+        let mut late = vec![0u8; 40_000];
+        w.barrier(&c).unwrap();
+        assert_eq!(w.recv(&c, peer, 3, &mut late).unwrap().len, 40_000);
+        assert!(late == pattern(7 + peer, 40_000));
+    });
+}
+
+#[test]
+fn with_the_pair_buffer_held_medium_messages_go_in_packets_and_in_order() {
+    job(2, |mut w| {
+        let c = w.comm();
+        if w.rank() == 0 {
+            // Held by rank 1 (as a reply under way would be): every message goes in
+            // packets, eager ones between them.
+            let mut go = [0u8; 1];
+            w.recv(&c, 1, 9, &mut go).unwrap();
+            for k in 0..6u32 {
+                let len = if k % 2 == 0 { 30_000 + k as usize } else { 100 };
+                w.send(&c, 1, 1, &pattern(k, len)).unwrap();
+            }
+            w.recv(&c, 1, 9, &mut go).unwrap();
+            // Free again: the first takes it, and whatever follows keeps its place.
+            let msgs: Vec<Vec<u8>> = (6..12u32).map(|k| pattern(k, 20_000 + k as usize)).collect();
+            w.scope(|s| {
+                let rs: Vec<_> = msgs.iter().map(|m| s.isend(&c, 1, 1, m).unwrap()).collect();
+                s.waitall(rs).unwrap();
+            });
+        } else {
+            let pairs = w.eng.pairs.clone().unwrap();
+            let pb = pairs.with(0).unwrap();
+            assert!(pb.try_claim());
+            w.send(&c, 0, 9, &[1]).unwrap();
+            let mut buf = vec![0u8; 40_000];
+            for k in 0..6u32 {
+                let st = w.recv(&c, 0, 1, &mut buf).unwrap();
+                assert!(buf[..st.len] == pattern(k, st.len)[..], "message {k}");
+            }
+            assert_eq!(w.eng.medium.paired_taken, 0, "the buffer was ours");
+            pb.unclaim();
+            w.send(&c, 0, 9, &[1]).unwrap();
+            for k in 6..12u32 {
+                let st = w.recv(&c, 0, 1, &mut buf).unwrap();
+                assert_eq!(st.len, 20_000 + k as usize);
+                assert!(buf[..st.len] == pattern(k, st.len)[..], "message {k}");
+            }
+            assert!(w.eng.medium.paired_taken >= 1);
+        }
+    });
+}
+
+#[test]
+fn a_pair_buffer_message_its_sender_does_not_hold_is_a_protocol_error() {
+    use super::wire::{MEDIUM, PAIRED};
+    job(2, |mut w| {
+        let c = w.comm();
+        let forged = |w: &mut World, payload: &[u8]| {
+            let h = crate::channel::Header {
+                kind: MEDIUM,
+                context: 0,
+                tag: 5,
+                aux: 20_000,
+                flags: PAIRED,
+            };
+            w.channel_mut().send_bytes(1, h, payload).unwrap();
+        };
+        if w.rank() == 0 {
+            let mut go = [0u8; 1];
+            // Not claimed: the buffer's bytes are nobody's message.
+            forged(&mut w, &[]);
+            w.recv(&c, 1, 9, &mut go).unwrap();
+            // Claimed, but the packet carries bytes of its own.
+            let pairs = w.eng.pairs.clone().unwrap();
+            let pb = pairs.with(1).unwrap();
+            assert!(pb.try_claim());
+            forged(&mut w, &[1; 10]);
+            w.recv(&c, 1, 9, &mut go).unwrap();
+            pb.unclaim();
+            w.send(&c, 1, 6, &pattern(1, 30_000)).unwrap();
+        } else {
+            for _ in 0..2 {
+                let mut buf = vec![0u8; 20_000];
+                match w.recv(&c, 0, 5, &mut buf) {
+                    Err(P2pError::Protocol { rank: 0, what }) => {
+                        assert!(what.contains("pair buffer"), "{what}")
+                    }
+                    other => panic!("expected a protocol error, got {:?}", other.map(|s| s.len)),
+                }
+                w.send(&c, 0, 9, &[1]).unwrap();
+            }
+            let mut buf = vec![0u8; 30_000];
+            assert_eq!(w.recv(&c, 0, 6, &mut buf).unwrap().len, 30_000);
+            assert!(buf == pattern(1, 30_000));
+        }
+    });
+}

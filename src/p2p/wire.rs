@@ -16,7 +16,8 @@
 //!   its pages to be read in place asks the receiver not to, and waits for the answer.
 //! - MEDIUM (aux: the message's length): the first packet of a medium message; context
 //!   and tag are the message's. MDATA (aux 0): the next bytes of the medium message its
-//!   source has under way (see `medium.rs`).
+//!   source has under way (see `medium.rs`). A MEDIUM with flag [`PAIRED`] carries no
+//!   bytes: they come through the buffer the two processes share.
 //!
 //! A get (CMA, RDMA) needs no CTS: the receiver reads as soon as it matches, then sends
 //! DONE.
@@ -36,6 +37,9 @@ pub(crate) const REVOKE: u16 = ProtocolId::P2P.kind(0x07);
 pub(crate) const REVOKED: u16 = ProtocolId::P2P.kind(0x08);
 pub(crate) const MEDIUM: u16 = ProtocolId::P2P.kind(0x09);
 pub(crate) const MDATA: u16 = ProtocolId::P2P.kind(0x0a);
+
+/// MEDIUM's flag: the message's bytes come through the pair buffer.
+pub(crate) const PAIRED: u16 = 1;
 
 /// Status bytes of DONE and FIN.
 pub(crate) const OK: u8 = 0;

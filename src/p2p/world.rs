@@ -132,9 +132,11 @@ impl<C: Channel> World<C> {
             .collect();
         let mut core_cfg = crate::progress::Config::from_env()?;
         core_cfg.failure_check = cfg.failure_check;
+        let mut eng = Engine::new(size);
+        eng.pairs = ch.pair_bufs().filter(|_| cfg.medium_limit > 0);
         Ok(Self {
             core: Core::with_config(ch, core_cfg)?,
-            eng: Engine::new(size),
+            eng,
             id,
             world,
             next_ctx: 1,
@@ -412,6 +414,7 @@ impl<C: Channel> World<C> {
                 };
                 let rank = comm.rank_of(p).unwrap_or(p);
                 let x = self.eng.fail(id, P2pError::PeerFailed { rank, reason });
+                self.eng.peer_terminated(p);
                 let mut lmt = self.core.ch.lmt();
                 for x in x {
                     lmt.end(&x);
@@ -617,15 +620,18 @@ impl<C: Channel> World<C> {
             };
             return Ok(None);
         }
-        if len <= self.cfg.medium_limit
-            && self.locality.get(d as usize) == Some(&Locality::Local)
-            && self
+        if len <= self.cfg.medium_limit && self.locality.get(d as usize) == Some(&Locality::Local) {
+            if self.send_paired(d, ctx, tag, &bufs, len)? {
+                return Ok(None);
+            }
+            if self
                 .core
                 .ch
                 .room_for_run(d, len.div_ceil(self.core.ch.max_payload_to(d)))
-        {
-            self.send_medium(d, ctx, tag, &bufs, len)?;
-            return Ok(None);
+            {
+                self.send_medium(d, ctx, tag, &bufs, len)?;
+                return Ok(None);
+            }
         }
         let mut rts = wire::rts_head(len);
         let nemesis_lmt::Offer {
@@ -677,6 +683,34 @@ impl<C: Channel> World<C> {
             return Err(e.into());
         }
         Ok(Some(id))
+    }
+
+    /// Sends a medium message through the buffer shared with `d` if it fits and is free:
+    /// a MEDIUM packet that says so, then the bytes into the buffer (see `medium.rs`).
+    /// Complete on return, as an eager send is; false if the buffer could not be had.
+    #[inline(never)]
+    fn send_paired(&mut self, d: u32, ctx: u32, tag: i32, bufs: &Bufs, len: usize) -> Result<bool, P2pError> {
+        let Some(pb) = self.eng.pairs.as_ref().and_then(|p| p.with(d)) else {
+            return Ok(false);
+        };
+        if len > pb.capacity() || !pb.try_claim() {
+            return Ok(false);
+        }
+        let h = Header {
+            kind: MEDIUM,
+            context: ctx,
+            tag,
+            aux: len as u32,
+            flags: wire::PAIRED,
+        };
+        if let Err(e) = self.core.ch.send_bytes(d, h, &[]) {
+            pb.unclaim();
+            return Err(e.into());
+        }
+        // SAFETY: the caller lends the buffers for this call and they hold `len` bytes;
+        // we hold the pair buffer until the receiver frees it.
+        unsafe { pb.fill(bufs.segs(), len) };
+        Ok(true)
     }
 
     /// Sends a medium message: its packets back to back, the first announcing the length
@@ -928,8 +962,12 @@ impl<C: Channel> World<C> {
             Ok(found) => found,
             Err(e) => {
                 // The rest of a medium message this receive began to take is drained.
-                if let Some(a) = f.arriving.take() {
-                    self.eng.discard_medium(a.src, ctx, a.tag, a.total, a.got);
+                // A dead sender's message through the pair buffer will never be whole.
+                if let Some(a) = f.arriving.take()
+                    && !(a.paired && matches!(e, P2pError::PeerFailed { .. }))
+                {
+                    self.eng
+                        .discard_medium(a.src, ctx, a.tag, a.total, a.got, a.paired);
                 }
                 return Err(e);
             }
@@ -970,6 +1008,17 @@ impl<C: Channel> World<C> {
         // Only a local source has a fastbox to look in.
         let boxed = src.filter(|&s| s != self.rank() && self.core.ch.is_local(s));
         loop {
+            if let Some(a) = &mut f.arriving
+                && a.paired
+            {
+                let before = a.got;
+                if pull_fresh(&self.eng, a, &mut *f.buf) {
+                    f.found = Some(a.found());
+                    f.arriving = None;
+                } else if a.got > before {
+                    idle = self.core.idle();
+                }
+            }
             if let Some(found) = f.found.take() {
                 // What the poll left to do must not cost this receive its message: a
                 // failure is reported by the next call instead.
@@ -999,14 +1048,25 @@ impl<C: Channel> World<C> {
                 continue;
             }
             let progressed = polled? > 0;
+            let paired = !self.eng.medium.paired().is_empty();
             self.settle()?;
+            if paired && f.arriving.is_none() {
+                // The chores may have finished a message from the pair buffer, gathered
+                // aside: it came before anything this receive has not seen yet.
+                if let Some(found) = take_late(&mut self.eng, f.ctx, src, tag, &mut *f.buf) {
+                    f.found = Some(found);
+                    continue;
+                }
+            }
             if progressed && f.arriving.is_some() {
                 // A medium message is on its way: its next packets are close behind.
                 idle = self.core.idle();
                 continue;
             }
             let what = || describe_recv(c, src, tag);
-            self.idle(&mut idle, &what, &mut |w| match w.peer_failed(c, src) {
+            // Bytes through the pair buffer ring no bell: no sleeping while they come.
+            let paired = f.arriving.is_some_and(|a| a.paired);
+            self.idle_busy(&mut idle, paired, &what, &mut |w| match w.peer_failed(c, src) {
                 Some(e) => Err(e),
                 None => Ok(()),
             })?;
@@ -1278,6 +1338,19 @@ struct Arriving {
     tag: i32,
     total: usize,
     got: usize,
+    /// Whether the bytes come through the pair buffer rather than MDATA packets.
+    paired: bool,
+}
+
+impl Arriving {
+    /// The whole message, found.
+    fn found(&self) -> Found {
+        Found::Eager {
+            src: self.src,
+            tag: self.tag,
+            len: self.total,
+        }
+    }
 }
 
 /// A blocking `recv` with nothing else posted, offered each fresh packet first.
@@ -1300,6 +1373,9 @@ impl Fresh<'_> {
         if let Some(a) = self.arriving
             && a.src == p.src
         {
+            if a.paired {
+                return self.interrupted(eng, others, a, p);
+            }
             self.arriving = medium_next(eng, a, &mut *self.buf, p);
             if let Some(a) = self.arriving
                 && a.got == a.total
@@ -1313,8 +1389,12 @@ impl Fresh<'_> {
             }
             return;
         }
+        // A message the engine is taking from this source through the pair buffer comes
+        // before this packet: the engine finishes it first.
+        let behind = eng.medium.interrupted_by(p.src);
         if self.found.is_none()
             && self.arriving.is_none()
+            && !behind
             && (h.kind == EAGER || h.kind == RTS || h.kind == MEDIUM)
             && h.context == self.ctx
             && (self.src == FRESH_ANY_SRC || self.src == p.src)
@@ -1349,7 +1429,7 @@ impl Fresh<'_> {
             }
             return;
         }
-        let late = h.kind == MDATA && self.found.is_none() && self.arriving.is_none();
+        let late = (h.kind == MDATA || behind) && self.found.is_none() && self.arriving.is_none();
         dispatch(eng, others, p);
         if late {
             let src = (self.src != FRESH_ANY_SRC).then_some(self.src);
@@ -1359,6 +1439,54 @@ impl Fresh<'_> {
             }
         }
     }
+}
+
+impl Fresh<'_> {
+    /// A packet came from the source of the message this receive takes through the pair
+    /// buffer: the message was written whole before the packet was sent, so it is taken
+    /// now, and the packet goes on as any other.
+    #[cold]
+    #[inline(never)]
+    fn interrupted(&mut self, eng: &mut Engine, others: &mut Others<'_>, mut a: Arriving, p: Packet<'_>) {
+        self.arriving = None;
+        if pull_fresh(eng, &mut a, &mut *self.buf) {
+            self.found = Some(a.found());
+        } else {
+            eng.discard_medium(a.src, self.ctx, a.tag, a.total, a.got, true);
+            eng.fault(
+                p.src,
+                "a medium message in the pair buffer broken off by another packet",
+            );
+        }
+        dispatch(eng, others, p);
+    }
+}
+
+/// Copies what the pair buffer holds of the message `a` that a blocking receive into
+/// `buf` takes, and frees the buffer once the message is whole; says whether it is.
+fn pull_fresh(eng: &Engine, a: &mut Arriving, buf: &mut [u8]) -> bool {
+    let Some(pb) = eng.pairs.as_ref().and_then(|p| p.with(a.src)) else {
+        return false;
+    };
+    let upto = pb.written().min(a.total);
+    if upto > a.got {
+        // SAFETY: the peer held the buffer when it announced the message (checked then)
+        // and keeps it until we free it; it has published `upto` bytes.
+        unsafe {
+            pb.read(a.got, upto, |s| {
+                if a.got < buf.len() {
+                    let n = s.len().min(buf.len() - a.got);
+                    nemesis_shm::region::copy_into(&mut buf[a.got..a.got + n], &s[..n]);
+                }
+                a.got += s.len();
+            })
+        };
+    }
+    if a.got == a.total {
+        pb.release();
+        return true;
+    }
+    false
 }
 
 /// After the engine took the last packet of a medium message it had gathered aside:
@@ -1403,14 +1531,28 @@ fn medium_first(eng: &mut Engine, buf: &mut [u8], p: Packet<'_>) -> Option<Arriv
         eng.fault(p.src, what);
         return None;
     }
+    let paired = p.header.flags & wire::PAIRED != 0;
+    if paired && !eng.paired_ok(p.src, total, p.payload.len()) {
+        eng.fault(
+            p.src,
+            "a medium message in a pair buffer its sender does not hold or that is too small",
+        );
+        return None;
+    }
     let n = p.payload.len().min(buf.len());
     nemesis_shm::region::copy_into(&mut buf[..n], &p.payload[..n]);
-    Some(Arriving {
+    let mut a = Arriving {
         src: p.src,
         tag: p.header.tag,
         total,
         got: p.payload.len(),
-    })
+        paired,
+    };
+    if paired {
+        eng.medium.paired_taken += 1;
+        pull_fresh(eng, &mut a, buf);
+    }
+    Some(a)
 }
 
 /// The next packet from the source of the medium message `a` that a blocking receive
