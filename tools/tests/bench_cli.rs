@@ -169,8 +169,15 @@ fn stream_ring_and_memory_json() {
     assert_eq!(mem.len(), 4);
     has(
         &mem[1],
-        &["segment_bytes", "per_process_bytes", "fastbox_bytes_per_pair"],
+        &[
+            "segment_bytes",
+            "per_process_bytes",
+            "fastbox_bytes_per_pair",
+            "pair_buffer_bytes",
+        ],
     );
+    assert!(mem[0].contains("\"pair_buffer_bytes\":131072"), "{}", mem[0]);
+    assert!(mem[1].contains("\"pair_buffer_bytes\":16384"), "{}", mem[1]);
     for l in &mem[2..] {
         assert!(l.contains("\"transport\":\"udp\""), "{l}");
         has(l, &["peers", "endpoint_bytes", "idle_bytes", "per_peer_bytes"]);

@@ -1396,12 +1396,13 @@ fn memory(a: &MemoryArgs, json: bool) -> Result<()> {
     let geo = Geometry::from_env()?;
     if !json {
         println!(
-            "# shared segment size: {} cells of {} B per process, fastboxes of {} B in a ring per ordered pair",
+            "# shared segment size: {} cells of {} B per process, fastboxes of {} B in a ring per ordered pair, \
+             a buffer per unordered pair for medium messages",
             geo.cells_per_proc, geo.cell_size, geo.fbox_size
         );
         println!(
-            "# {:>5} {:>14} {:>11} {:>16} {:>12}",
-            "procs", "segment", "MiB", "per process", "fbox slots"
+            "# {:>5} {:>14} {:>11} {:>16} {:>12} {:>12}",
+            "procs", "segment", "MiB", "per process", "fbox slots", "pair buffer"
         );
     }
     for &n in &a.procs {
@@ -1419,13 +1420,15 @@ fn memory(a: &MemoryArgs, json: bool) -> Result<()> {
                 )
                 .u("fastbox_slots", u64::from(resolved.fbox_slots))
                 .u("fastbox_bytes_per_pair", pair_bytes)
+                .u("pair_buffer_bytes", u64::from(resolved.pair_size))
                 .print();
         } else {
             println!(
-                "{n:>7} {bytes:>14} {:>11.1} {:>16} {:>12}",
+                "{n:>7} {bytes:>14} {:>11.1} {:>16} {:>12} {:>12}",
                 bytes as f64 / 1048576.0,
                 bytes / n as u64,
-                resolved.fbox_slots
+                resolved.fbox_slots,
+                resolved.pair_size
             );
         }
     }
