@@ -12,13 +12,16 @@ pub const DEFAULT_CELL_SIZE: u32 = 8192;
 pub const DEFAULT_FBOX_SIZE: u32 = 1152;
 /// Fastboxes per ordered pair when `NEMESIS_FBOX_SLOTS` is unset, unless
 /// [`FBOX_BUDGET`] asks for fewer: enough that a stream of small messages does not wait
-/// for the receiver's acknowledgement of each one.
-pub const DEFAULT_FBOX_SLOTS: u32 = 64;
+/// for the receiver's acknowledgement of each one, and a ring of about 300 KiB. Streams
+/// through a ring that small drew 4 KiB to 32 KiB messages at 9 GB/s on an Intel Xeon
+/// guest, where a ring of 256 KiB or more moved 13 (a copy through a ring between two
+/// threads, BENCHMARKS.md).
+pub const DEFAULT_FBOX_SLOTS: u32 = 256;
 /// Most bytes the default number of fastbox slots may take in one segment, rings whole;
 /// with more processes the default halves until they fit (down to one slot per pair).
 pub const FBOX_BUDGET: usize = 64 << 20;
 /// Most fastboxes per ordered pair.
-pub const MAX_FBOX_SLOTS: u32 = 64;
+pub const MAX_FBOX_SLOTS: u32 = 1024;
 /// Bytes of the buffer each pair of processes shares for medium messages when
 /// `NEMESIS_PAIR_SIZE` is unset, unless [`PAIR_BUDGET`] asks for less: the default
 /// medium limit, so every medium message can take it.
@@ -138,7 +141,7 @@ impl Geometry {
             return bad(
                 "NEMESIS_FBOX_SLOTS",
                 self.fbox_slots,
-                "must be 0 (chosen by the number of processes) or a power of two up to 64",
+                "must be 0 (chosen by the number of processes) or a power of two up to 1024",
             );
         }
         let piece = crate::pairbuf::PIECE as u32;
@@ -369,11 +372,13 @@ mod tests {
     fn fastbox_slots_default_by_process_count_and_can_be_set() {
         let d = Geometry::default();
         assert_eq!(d.resolve(2).fbox_slots, DEFAULT_FBOX_SLOTS);
-        // A ring of 64 boxes of 1152 bytes has room for 7 more after it, for a message
-        // of a cell's payload that starts in its last box: 80 KiB with its head.
-        assert_eq!(d.resolve(2).fbox_ring_bytes(), 128 + 71 * 1152);
+        // A ring of 256 boxes of 1152 bytes has room for 7 more after it, for a message
+        // of a cell's payload that starts in its last box: 296 KiB with its head.
+        assert_eq!(d.resolve(2).fbox_ring_bytes(), 128 + 263 * 1152);
+        assert_eq!(d.resolve(15).fbox_slots, 256);
+        // 16 x 15 pairs of 296 KiB take 69 MiB.
+        assert_eq!(d.resolve(16).fbox_slots, 128);
         assert_eq!(d.resolve(29).fbox_slots, 64);
-        // 30 x 29 pairs of 80 KiB take 68 MiB.
         assert_eq!(d.resolve(30).fbox_slots, 32);
         assert_eq!(d.resolve(64).fbox_slots, 4);
         assert_eq!(d.resolve(64).fbox_max_span(), 4);
@@ -382,7 +387,7 @@ mod tests {
         assert_eq!(d.resolve(4096).fbox_ring_bytes(), 128 + 1152);
         let g = Geometry::from_lookup(env(&[("NEMESIS_FBOX_SLOTS", "2")])).unwrap();
         assert_eq!(g.resolve(1000).fbox_slots, 2);
-        for bad in ["3", "128", "x"] {
+        for bad in ["3", "2048", "x"] {
             let err = Geometry::from_lookup(env(&[("NEMESIS_FBOX_SLOTS", bad)])).unwrap_err();
             assert!(err.to_string().contains("NEMESIS_FBOX_SLOTS"), "{err}");
         }
