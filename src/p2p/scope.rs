@@ -284,6 +284,44 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         Ok(self.request(&w, id, Kind::Recv, (0, 0), ptr, len))
     }
 
+    /// Starts receiving a message from `src` with `tag` into the `len` bytes at `buf`,
+    /// which other pending receives may name too, as MPI lets several receives share one
+    /// buffer (osu_bw's receiver posts its whole window into one): for a binding or a
+    /// benchmark that needs that shape. Its [`Done`] carries no data.
+    ///
+    /// # Errors
+    /// As [`Scope::irecv`], and [`P2pError::InvalidArgument`] for a null `buf` with a
+    /// length.
+    ///
+    /// # Safety
+    /// `buf` must be valid for writes of `len` bytes until the request finishes or the
+    /// scope ends, and nothing but receives may read or write those bytes meanwhile.
+    /// Where receives share them, which message's bytes they hold at the end is
+    /// unspecified.
+    pub unsafe fn irecv_raw(
+        &'scope self,
+        comm: &Comm,
+        src: impl Into<Option<u32>>,
+        tag: impl Into<Option<i32>>,
+        buf: *mut u8,
+        len: usize,
+    ) -> Result<Request<'scope>, P2pError> {
+        if buf.is_null() && len > 0 {
+            return Err(P2pError::InvalidArgument(format!(
+                "a null receive buffer of {len} bytes"
+            )));
+        }
+        let mut w = self.world();
+        let c = w.check_comm(comm)?;
+        let tag = tag.into();
+        if let Some(t) = tag {
+            World::<C>::check_tag(t)?;
+        }
+        let seg = Seg { ptr: buf, len };
+        let id = w.start_recv(c, src.into(), tag, c.ctx, Bufs::One(seg), len, self.holder())?;
+        Ok(self.request(&w, id, Kind::Recv, (0, 0), std::ptr::null_mut(), len))
+    }
+
     /// Starts sending the concatenation of `bufs` to rank `dest` of `comm`, without
     /// packing it first where the transfer allows. The slices stay borrowed until the
     /// request is finished.

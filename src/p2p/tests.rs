@@ -1486,3 +1486,41 @@ fn a_pair_buffer_message_its_sender_does_not_hold_is_a_protocol_error() {
         }
     });
 }
+
+#[test]
+fn raw_receives_may_share_one_buffer_as_osu_bws_do() {
+    job(2, |mut w| {
+        let c = w.comm();
+        // Eager, medium (through the pair buffer and, while it is held, in packets) and
+        // rendezvous.
+        for len in [100usize, 30_000, 300_000] {
+            if w.rank() == 0 {
+                for k in 0..8u32 {
+                    w.send(&c, 1, k as i32, &pattern(k, len)).unwrap();
+                }
+            } else {
+                let mut buf = vec![0u8; len];
+                let p = buf.as_mut_ptr();
+                let st: Vec<Status> = w.scope(|s| {
+                    // SAFETY: `buf` outlives the scope, and only these receives touch it.
+                    let rs: Vec<_> = (0..8)
+                        .map(|k| unsafe { s.irecv_raw(&c, 0, k, p, len) }.unwrap())
+                        .collect();
+                    s.waitall(rs).unwrap().iter().map(|d| d.status()).collect()
+                });
+                for (k, st) in st.iter().enumerate() {
+                    assert_eq!((st.source, st.tag, st.len), (0, k as i32, len));
+                }
+                if len < 100_000 {
+                    // Taken whole, one after another: the last one's bytes are left.
+                    assert!(buf == pattern(7, len), "{len} B");
+                }
+            }
+        }
+        w.scope(|s| {
+            // SAFETY: a null buffer is refused before anything is posted.
+            let e = unsafe { s.irecv_raw(&c, 0, 1, std::ptr::null_mut(), 10) }.unwrap_err();
+            assert!(matches!(e, P2pError::InvalidArgument(_)), "{e}");
+        });
+    });
+}

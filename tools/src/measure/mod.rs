@@ -677,8 +677,8 @@ impl Pair {
     /// `window` non-blocking sends of `size` bytes, each window acknowledged by a
     /// message back. Both sides use large-message strategy `lmt` (`None`: automatic,
     /// medium messages included; a strategy named forces the rendezvous). The receiver
-    /// pre-posts the window into distinct buffers, or with `osu` receives it in turn
-    /// into one buffer, as osu_bw's receiver reuses one. Returns the seconds the last
+    /// pre-posts the window into distinct buffers, or with `osu` into one buffer, as
+    /// osu_bw's receiver does. Returns the seconds the last
     /// `iters` windows took.
     pub fn stream_p2p(
         &mut self,
@@ -950,11 +950,17 @@ fn partner() -> Result<()> {
                     .collect::<Result<_>>()?;
                 for _ in 0..count {
                     if osu {
-                        // Two pending receives cannot share a buffer in safe Rust: the
-                        // window is received in turn into the one buffer.
-                        for _ in 0..window {
-                            w.recv(&c, 0, 1, &mut sinks[0][..]).map_err(other)?;
-                        }
+                        // osu_bw's receiver: the whole window posted into one buffer.
+                        let (p, n) = (sinks[0].as_mut_ptr(), size as usize);
+                        w.scope(|s| {
+                            let reqs = (0..window)
+                                // SAFETY: the buffer outlives the scope, and only these
+                                // receives touch it until the scope ends.
+                                .map(|_| unsafe { s.irecv_raw(&c, 0, 1, p, n) })
+                                .collect::<std::result::Result<Vec<_>, nemesis::P2pError>>()?;
+                            s.waitall(reqs).map(|_| ())
+                        })
+                        .map_err(other)?;
                         w.send(&c, 0, 2, &[0; 4]).map_err(other)?;
                         continue;
                     }

@@ -571,8 +571,8 @@ struct BwArgs {
     #[arg(long, value_delimiter = ',', value_parser = transport, default_value = "shm")]
     transport: Vec<Transport>,
     /// One receive buffer, as osu_bw's receiver has, instead of one per message of the
-    /// window: the window is received in turn into it (two pending receives cannot share
-    /// a buffer in safe Rust). Named "recv_buffers" in the JSON.
+    /// window: the window's receives are all posted into it (`Scope::irecv_raw`). Named
+    /// "recv_buffers" in the JSON.
     #[arg(long)]
     osu: bool,
     /// What the messages are sent from and received into, compared round by round:
@@ -650,7 +650,7 @@ fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Result<()> {
             pinning(&pairs[0])
         );
         if a.osu {
-            println!("# receiver: one buffer, the window received into it in turn (osu_bw's one buffer)");
+            println!("# receiver: one buffer, the window's receives all posted into it (osu_bw's shape)");
         } else {
             println!("# receiver: the window pre-posted into distinct buffers (--osu: one buffer)");
         }
