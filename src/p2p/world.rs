@@ -1374,7 +1374,9 @@ impl Fresh<'_> {
             && a.src == p.src
         {
             if a.paired {
-                return self.interrupted(eng, others, a, p);
+                self.arriving = None;
+                self.found = paired_interrupted(eng, others, a, &mut *self.buf, self.ctx, p);
+                return;
             }
             self.arriving = medium_next(eng, a, &mut *self.buf, p);
             if let Some(a) = self.arriving
@@ -1441,25 +1443,32 @@ impl Fresh<'_> {
     }
 }
 
-impl Fresh<'_> {
-    /// A packet came from the source of the message this receive takes through the pair
-    /// buffer: the message was written whole before the packet was sent, so it is taken
-    /// now, and the packet goes on as any other.
-    #[cold]
-    #[inline(never)]
-    fn interrupted(&mut self, eng: &mut Engine, others: &mut Others<'_>, mut a: Arriving, p: Packet<'_>) {
-        self.arriving = None;
-        if pull_fresh(eng, &mut a, &mut *self.buf) {
-            self.found = Some(a.found());
-        } else {
-            eng.discard_medium(a.src, self.ctx, a.tag, a.total, a.got, true);
-            eng.fault(
-                p.src,
-                "a medium message in the pair buffer broken off by another packet",
-            );
-        }
-        dispatch(eng, others, p);
-    }
+/// A packet came from the source of the message `a` that a blocking receive into `buf`
+/// takes through the pair buffer: the message was written whole before the packet was
+/// sent, so it is taken now (and returned, found), and the packet goes on as any other.
+/// Given fields, not the receive, so that the receive's state stays in registers.
+#[cold]
+#[inline(never)]
+fn paired_interrupted(
+    eng: &mut Engine,
+    others: &mut Others<'_>,
+    mut a: Arriving,
+    buf: &mut [u8],
+    ctx: u32,
+    p: Packet<'_>,
+) -> Option<Found> {
+    let found = if pull_fresh(eng, &mut a, buf) {
+        Some(a.found())
+    } else {
+        eng.discard_medium(a.src, ctx, a.tag, a.total, a.got, true);
+        eng.fault(
+            p.src,
+            "a medium message in the pair buffer broken off by another packet",
+        );
+        None
+    };
+    dispatch(eng, others, p);
+    found
 }
 
 /// Copies what the pair buffer holds of the message `a` that a blocking receive into
