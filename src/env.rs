@@ -22,6 +22,11 @@ pub const KNOWN: &[(&str, Reader, &str)] = &[
         Reader::Library,
         "fastboxes per ordered pair",
     ),
+    (
+        "NEMESIS_PAIR_SIZE",
+        Reader::Library,
+        "bytes of the buffer each pair of processes shares for medium messages",
+    ),
     ("NEMESIS_SHM_DIR", Reader::Library, "where segment files are made"),
     (
         "NEMESIS_STARTUP_TIMEOUT",
@@ -284,6 +289,21 @@ mod tests {
             "NEMESIS_LMT_RDMA_MIN",
         ] {
             assert!(is_known(v), "{v}");
+        }
+    }
+
+    #[test]
+    fn every_variable_in_the_readmes_tables_is_known() {
+        let readme = include_str!("../README.md");
+        let rows: Vec<&str> = readme
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `NEMESIS_"))
+            .filter_map(|l| l.split('`').next())
+            .collect();
+        assert!(rows.len() > 20, "the tables were not found: {}", rows.len());
+        for r in rows {
+            let v = format!("NEMESIS_{r}");
+            assert!(is_known(&v), "{v} is in README's tables but not in KNOWN");
         }
     }
 }
