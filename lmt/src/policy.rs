@@ -24,11 +24,50 @@ pub const DEFAULT_RING: RingGeometry = RingGeometry {
 pub const AUTO_CMA_MIN: usize = 32 << 10;
 
 /// The strategies automatic selection tries from [`AUTO_CMA_MIN`] bytes up, best first,
-/// unless `NEMESIS_LMT_AUTO` says: the copy ring, whose two processes copy at once a
-/// slot apart, moved 3–4 times what CMA's kernel copy did at every size from 64 KiB to
-/// 16 MiB, in latency and in bandwidth, on the Zen 5 guests measured (BENCHMARKS.md); on
-/// an Intel Xeon guest CMA led up to 1 MiB, which `nemesis-bench calibrate` finds.
+/// unless `NEMESIS_LMT_AUTO` says, on CPUs other than Intel's: the copy ring, whose two
+/// processes copy at once a slot apart, moved 3–4 times what CMA's kernel copy did at
+/// every size from 64 KiB to 16 MiB, in latency and in bandwidth, on the Zen 5 guests
+/// measured (BENCHMARKS.md).
 pub const DEFAULT_AUTO: &[Strategy] = &[Strategy::Ring, Strategy::Cma];
+
+/// The default order on Intel CPUs: on the Intel Xeon guests measured (2 and 16 CPUs),
+/// `nemesis-bench calibrate` put CMA ahead of the ring from 256 KiB to 4 MiB, and to
+/// 16 MiB on the larger (BENCHMARKS.md).
+pub const INTEL_AUTO: &[Strategy] = &[Strategy::Cma, Strategy::Ring];
+
+/// The default automatic order for this machine's CPU: by its vendor, as measured. Every
+/// process of a node reads the same. `nemesis-bench calibrate` finds a better one, by
+/// size, for a machine of its own.
+pub fn default_auto() -> &'static [Strategy] {
+    auto_for_vendor(&cpu_vendor())
+}
+
+fn auto_for_vendor(vendor: &[u8; 12]) -> &'static [Strategy] {
+    if vendor == b"GenuineIntel" {
+        INTEL_AUTO
+    } else {
+        DEFAULT_AUTO
+    }
+}
+
+/// The CPU's vendor string, or zeros where there is no CPUID.
+fn cpu_vendor() -> [u8; 12] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[allow(unused_unsafe)]
+        // SAFETY: CPUID leaf 0 exists on every x86_64 CPU and has no side effects.
+        let r = unsafe { core::arch::x86_64::__cpuid(0) };
+        let mut v = [0u8; 12];
+        v[..4].copy_from_slice(&r.ebx.to_le_bytes());
+        v[4..8].copy_from_slice(&r.edx.to_le_bytes());
+        v[8..].copy_from_slice(&r.ecx.to_le_bytes());
+        v
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        [0; 12]
+    }
+}
 
 /// From this many bytes up, a message to a peer on another node goes by RDMA read when
 /// the netmod offers RDMA (`NEMESIS_LMT_RDMA_MIN`); below it, in packets. Measured in
@@ -79,7 +118,7 @@ impl AutoOrder {
 
 impl Default for AutoOrder {
     fn default() -> Self {
-        Self::new(DEFAULT_AUTO).expect("a valid order")
+        Self::new(default_auto()).expect("a valid order")
     }
 }
 
@@ -375,7 +414,16 @@ mod tests {
         let p = parse(&[("NEMESIS_LMT_AUTO", "vmsplice, CMA")]).unwrap();
         assert_eq!(p.auto_order(1 << 20), &[Strategy::Vmsplice, Strategy::Cma]);
         assert_eq!(p.auto_order(AUTO_CMA_MIN - 1), &[] as &[Strategy]);
-        assert_eq!(Policy::default().auto_order(1 << 20), DEFAULT_AUTO);
+        assert_eq!(Policy::default().auto_order(1 << 20), default_auto());
+        assert_eq!(auto_for_vendor(b"GenuineIntel"), INTEL_AUTO);
+        assert_eq!(auto_for_vendor(b"AuthenticAMD"), DEFAULT_AUTO);
+        assert_eq!(auto_for_vendor(&[0; 12]), DEFAULT_AUTO);
+        #[cfg(target_arch = "x86_64")]
+        assert!(
+            cpu_vendor().iter().all(|b| b.is_ascii_graphic()),
+            "{:?}",
+            cpu_vendor()
+        );
         let d = Policy::default();
         assert!(d.rdma_for(DEFAULT_RDMA_MIN) && !d.rdma_for(DEFAULT_RDMA_MIN - 1));
         assert!(
@@ -406,7 +454,12 @@ mod tests {
         assert_eq!(parse(&[("NEMESIS_LMT_AUTO", &q.auto.to_string())]).unwrap(), q);
         assert_eq!(q.auto_order(100 << 10), &[Cma]);
         assert_eq!(q.auto_order(192 << 10), &[Ring]);
-        assert_eq!(Policy::default().auto.to_string(), "ring,cma");
+        let want = if default_auto() == INTEL_AUTO {
+            "cma,ring"
+        } else {
+            "ring,cma"
+        };
+        assert_eq!(Policy::default().auto.to_string(), want);
         assert_eq!(
             parse(&[("NEMESIS_LMT_AUTO", "cma-put")])
                 .unwrap()
