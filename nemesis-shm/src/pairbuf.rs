@@ -34,7 +34,8 @@ pub const PIECE: usize = 8 << 10;
 #[derive(Debug)]
 pub struct PairHead {
     holder: AtomicU32,
-    _pad: u32,
+    /// The holder value of the last claimer: which way the last message went.
+    last: AtomicU32,
     written: AtomicU64,
     _rest: [u64; 14],
 }
@@ -89,10 +90,25 @@ impl<'a, V: Variant> PairBuf<'a, V> {
     /// Sender: takes the buffer if it is free.
     #[inline]
     pub fn try_claim(&self) -> bool {
-        self.head
+        let won = self
+            .head
             .holder
             .compare_exchange(0, self.me, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
+            .is_ok();
+        if won {
+            self.head.last.store(self.me, Ordering::Relaxed);
+        }
+        won
+    }
+
+    /// Whether the last message through the buffer came from the peer, so that a
+    /// message now answers it through lines this side has just read. After one of our
+    /// own, a stream, the lines were read by the peer last: a sender gains nothing from
+    /// the buffer then, and the fastboxes, whose lines it asks for ahead, serve it
+    /// better. A hint: read without ordering.
+    #[inline]
+    pub fn answers(&self) -> bool {
+        self.head.last.load(Ordering::Relaxed) != self.me
     }
 
     /// Sender: gives back a buffer claimed for a message that was never announced.
@@ -194,7 +210,7 @@ impl HeapPair {
         Self {
             head: Box::new(PairHead {
                 holder: AtomicU32::new(0),
-                _pad: 0,
+                last: AtomicU32::new(0),
                 written: AtomicU64::new(0),
                 _rest: [0; 14],
             }),
@@ -263,7 +279,9 @@ mod tests {
         let (a, b) = (hp.view::<Sound>(0), hp.view::<Sound>(1));
         assert_eq!(a.capacity(), 3 * PIECE);
         assert!(!b.held_by_peer());
+        assert!(a.answers() && b.answers(), "nothing went through it yet");
         assert!(a.try_claim());
+        assert!(!a.answers() && b.answers(), "the last message is ours");
         assert!(!a.try_claim(), "held by us already");
         assert!(!b.try_claim(), "held by the peer");
         assert!(b.held_by_peer());

@@ -1524,3 +1524,31 @@ fn raw_receives_may_share_one_buffer_as_osu_bws_do() {
         });
     });
 }
+
+#[test]
+fn a_stream_one_way_takes_the_pair_buffer_once_and_an_answer_takes_it_again() {
+    job(2, |mut w| {
+        let c = w.comm();
+        let mut buf = vec![0u8; 40_000];
+        let mut ack = [0u8; 1];
+        if w.rank() == 0 {
+            for k in 0..5u32 {
+                w.send(&c, 1, 1, &pattern(k, 40_000)).unwrap();
+                // The buffer is free again before the next one: only the rule keeps
+                // the next from taking it.
+                w.recv(&c, 1, 9, &mut ack).unwrap();
+            }
+            assert_eq!(w.recv(&c, 1, 2, &mut buf).unwrap().len, 40_000);
+            assert!(buf == pattern(99, 40_000));
+            assert_eq!(w.eng.medium.paired_taken, 1, "the answer came through the buffer");
+        } else {
+            for k in 0..5u32 {
+                assert_eq!(w.recv(&c, 0, 1, &mut buf).unwrap().len, 40_000);
+                assert!(buf == pattern(k, 40_000), "message {k}");
+                w.send(&c, 0, 9, &[1]).unwrap();
+            }
+            assert_eq!(w.eng.medium.paired_taken, 1, "only the stream's first message");
+            w.send(&c, 0, 2, &pattern(99, 40_000)).unwrap();
+        }
+    });
+}

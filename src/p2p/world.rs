@@ -693,7 +693,7 @@ impl<C: Channel> World<C> {
         let Some(pb) = self.eng.pairs.as_ref().and_then(|p| p.with(d)) else {
             return Ok(false);
         };
-        if len > pb.capacity() || !pb.try_claim() {
+        if len > pb.capacity() || !pb.answers() || !pb.try_claim() {
             return Ok(false);
         }
         let h = Header {
