@@ -39,7 +39,10 @@ pub const INTEL_AUTO: &[Strategy] = &[Strategy::Cma, Strategy::Ring];
 /// process of a node reads the same. `nemesis-bench calibrate` finds a better one, by
 /// size, for a machine of its own.
 pub fn default_auto() -> &'static [Strategy] {
-    auto_for_vendor(&cpu_vendor())
+    // CPUID traps to the hypervisor in a guest: asked once, not on every default policy
+    // (a channel without strategies of its own builds one for each large message).
+    static ORDER: std::sync::OnceLock<&'static [Strategy]> = std::sync::OnceLock::new();
+    ORDER.get_or_init(|| auto_for_vendor(&cpu_vendor()))
 }
 
 fn auto_for_vendor(vendor: &[u8; 12]) -> &'static [Strategy] {

@@ -183,6 +183,31 @@ impl<'a, V: Variant> PairBuf<'a, V> {
         }
     }
 
+    /// Receiver: hands `f` what is published of the announced `total`-byte message from
+    /// byte `got` on, a piece at a time, and frees the buffer once the whole message is
+    /// read; returns how many of its bytes are read now. A message already read whole
+    /// (`got == total`) is left alone: the buffer was freed then, and may be another's.
+    ///
+    /// # Safety
+    /// The peer must have claimed the buffer for this message and announced it, and
+    /// `got` must be what the last call returned (or 0).
+    pub unsafe fn drain(&self, got: usize, total: usize, f: impl FnMut(&[u8])) -> usize {
+        if got >= total {
+            return got;
+        }
+        let upto = self.written().min(total);
+        if upto > got {
+            // SAFETY: the peer holds the buffer for the message (our contract) and has
+            // published `upto` bytes of it.
+            unsafe { self.read(got, upto, f) };
+        }
+        let got = upto.max(got);
+        if got == total {
+            self.release();
+        }
+        got
+    }
+
     /// Receiver, after its last read of the message: frees the buffer.
     pub fn release(&self) {
         self.head.written.store(0, Ordering::Relaxed);
@@ -313,6 +338,31 @@ mod tests {
         assert!(a.held_by_peer());
         b.unclaim();
         assert!(a.try_claim());
+    }
+
+    #[test]
+    fn a_drain_frees_the_buffer_once_the_message_is_read_and_never_again() {
+        let hp = HeapPair::new(2);
+        let (a, b) = (hp.view::<Sound>(0), hp.view::<Sound>(1));
+        let msg: Vec<u8> = (0..PIECE + 10).map(|i| (i % 253) as u8).collect();
+        let mut got = Vec::new();
+        assert!(a.try_claim());
+        // SAFETY: the peer claimed the buffer for this message.
+        let n = unsafe { b.drain(0, msg.len(), |s| got.extend_from_slice(s)) };
+        assert_eq!(n, 0, "nothing published yet");
+        // SAFETY: `msg` holds the bytes; `a` holds the buffer.
+        unsafe { a.fill(&[Seg::of(&msg)], msg.len()) };
+        // SAFETY: as above; `n` is what the last drain returned.
+        let n = unsafe { b.drain(n, msg.len(), |s| got.extend_from_slice(s)) };
+        assert_eq!((n, &got), (msg.len(), &msg));
+        assert!(b.try_claim(), "freed once read whole");
+        // SAFETY: as above.
+        let again = unsafe { b.drain(n, msg.len(), |_| panic!("read twice")) };
+        assert_eq!(again, msg.len());
+        assert!(
+            a.held_by_peer(),
+            "a second drain did not free the new holder's buffer"
+        );
     }
 
     #[test]

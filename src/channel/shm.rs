@@ -550,14 +550,13 @@ impl Channel for ShmChannel {
     }
 
     fn pair_bufs(&self) -> Option<PairBufs> {
-        let me = self.rank_of.iter().position(|&r| r == self.rank)?;
         // Ourselves and ranks elsewhere have no buffer: both sentinels become `u32::MAX`.
         let local_of = self
             .local_of
             .iter()
             .map(|&l| if l >= SELF { u32::MAX } else { l })
             .collect();
-        PairBufs::new(self.segment().clone(), me as u32, local_of)
+        PairBufs::new(self.segment().clone(), self.port.me(), local_of)
     }
 
     fn check_peer(&self, peer: Rank) -> Result<(), ChannelError> {

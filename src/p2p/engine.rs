@@ -141,10 +141,7 @@ impl Engine {
         if self.medium.paired_from(src) {
             self.pull_paired(src);
             if self.medium.paired_from(src) {
-                self.break_medium(
-                    src,
-                    "a medium message in the pair buffer broken off by another packet".into(),
-                );
+                self.break_medium(src, medium::PAIRED_BROKEN_OFF.into());
             }
         } else {
             self.break_medium(src, "a medium message broken off by another packet".into());
@@ -161,20 +158,14 @@ impl Engine {
             return;
         };
         if let Some(pb) = pairs.with(src) {
-            let upto = pb.written().min(total);
-            if upto > got {
-                // SAFETY: the peer held the buffer when it announced the message (checked
-                // then) and keeps it until we free it; it has published `upto` bytes.
-                // The bytes cannot overrun the message: `upto <= total`.
-                unsafe {
-                    pb.read(got, upto, |s| {
-                        let _ = self.on_mdata(src, s);
-                    })
-                };
-            }
-            if upto == total {
-                pb.release();
-            }
+            // SAFETY: the peer held the buffer when it announced the message (checked
+            // then) and keeps it until we free it; `got` is what the assembly counted.
+            // The bytes cannot overrun the message: a drain stops at `total`.
+            unsafe {
+                pb.drain(got, total, |s| {
+                    let _ = self.on_mdata(src, s);
+                })
+            };
         }
         self.pairs = Some(pairs);
     }
@@ -200,16 +191,24 @@ impl Engine {
         }
     }
 
-    /// Whether a MEDIUM from `src` that says its bytes come through the pair buffer
-    /// may: the buffer is there, `src` holds it, and the message fits.
-    pub(crate) fn paired_ok(&self, src: u32, total: usize, first: usize) -> bool {
-        first == 0
+    /// Checks a MEDIUM from `src` that says its `total` bytes come through the pair
+    /// buffer: the buffer is there, `src` holds it, the message fits, and the packet
+    /// carries none of them (`first`).
+    pub(crate) fn check_paired(&self, src: u32, total: usize, first: usize) -> Result<(), String> {
+        let ok = first == 0
             && total > 0
             && self
                 .pairs
                 .as_ref()
                 .and_then(|p| p.with(src))
-                .is_some_and(|b| b.held_by_peer() && total <= b.capacity())
+                .is_some_and(|b| b.held_by_peer() && total <= b.capacity());
+        if ok {
+            Ok(())
+        } else {
+            Err(format!(
+                "a medium message of {total} bytes in a pair buffer its sender does not hold or that is too small"
+            ))
+        }
     }
 
     /// The first packet of a medium message: matched now if a receive is posted for it,
@@ -218,10 +217,8 @@ impl Engine {
         let total = h.aux as usize;
         self.medium.check_first(src, total, first.len())?;
         let paired = h.flags & wire::PAIRED != 0;
-        if paired && !self.paired_ok(src, total, first.len()) {
-            return Err(format!(
-                "a medium message of {total} bytes in a pair buffer its sender does not hold or that is too small"
-            ));
+        if paired {
+            self.check_paired(src, total, first.len())?;
         }
         let (ctx, tag) = (h.context, h.tag);
         let into = match self.matching.take_posted(ctx, src, tag) {

@@ -17,6 +17,10 @@
 //! before it sends anything else to that peer. So a later packet from the source finds
 //! the whole message published, and the receiver takes it before that packet.
 
+/// What a packet that came before the rest of a message through the pair buffer did:
+/// the sender writes the whole message before it sends anything else.
+pub(crate) const PAIRED_BROKEN_OFF: &str = "a medium message in the pair buffer broken off by another packet";
+
 /// The largest medium message a receiver accepts, whatever the sender's limit: what one
 /// source can make it gather aside.
 pub(crate) const MEDIUM_MAX: usize = 1 << 20;

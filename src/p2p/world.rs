@@ -1065,11 +1065,16 @@ impl<C: Channel> World<C> {
             }
             let what = || describe_recv(c, src, tag);
             // Bytes through the pair buffer ring no bell: no sleeping while they come.
-            let paired = f.arriving.is_some_and(|a| a.paired);
-            self.idle_busy(&mut idle, paired, &what, &mut |w| match w.peer_failed(c, src) {
-                Some(e) => Err(e),
-                None => Ok(()),
-            })?;
+            let from_pair = f.arriving.is_some_and(|a| a.paired);
+            self.idle_busy(
+                &mut idle,
+                from_pair,
+                &what,
+                &mut |w| match w.peer_failed(c, src) {
+                    Some(e) => Err(e),
+                    None => Ok(()),
+                },
+            )?;
         }
     }
 
@@ -1461,10 +1466,7 @@ fn paired_interrupted(
         Some(a.found())
     } else {
         eng.discard_medium(a.src, ctx, a.tag, a.total, a.got, true);
-        eng.fault(
-            p.src,
-            "a medium message in the pair buffer broken off by another packet",
-        );
+        eng.fault(p.src, super::medium::PAIRED_BROKEN_OFF);
         None
     };
     dispatch(eng, others, p);
@@ -1477,25 +1479,19 @@ fn pull_fresh(eng: &Engine, a: &mut Arriving, buf: &mut [u8]) -> bool {
     let Some(pb) = eng.pairs.as_ref().and_then(|p| p.with(a.src)) else {
         return false;
     };
-    let upto = pb.written().min(a.total);
-    if upto > a.got {
-        // SAFETY: the peer held the buffer when it announced the message (checked then)
-        // and keeps it until we free it; it has published `upto` bytes.
-        unsafe {
-            pb.read(a.got, upto, |s| {
-                if a.got < buf.len() {
-                    let n = s.len().min(buf.len() - a.got);
-                    nemesis_shm::region::copy_into(&mut buf[a.got..a.got + n], &s[..n]);
-                }
-                a.got += s.len();
-            })
-        };
-    }
-    if a.got == a.total {
-        pb.release();
-        return true;
-    }
-    false
+    let mut at = a.got;
+    // SAFETY: the peer held the buffer when it announced the message (checked then) and
+    // keeps it until we free it; `a.got` is what the last drain returned.
+    a.got = unsafe {
+        pb.drain(a.got, a.total, |s| {
+            if at < buf.len() {
+                let n = s.len().min(buf.len() - at);
+                nemesis_shm::region::copy_into(&mut buf[at..at + n], &s[..n]);
+            }
+            at += s.len();
+        })
+    };
+    a.got == a.total
 }
 
 /// After the engine took the last packet of a medium message it had gathered aside:
@@ -1541,11 +1537,8 @@ fn medium_first(eng: &mut Engine, buf: &mut [u8], p: Packet<'_>) -> Option<Arriv
         return None;
     }
     let paired = p.header.flags & wire::PAIRED != 0;
-    if paired && !eng.paired_ok(p.src, total, p.payload.len()) {
-        eng.fault(
-            p.src,
-            "a medium message in a pair buffer its sender does not hold or that is too small",
-        );
+    if paired && let Err(what) = eng.check_paired(p.src, total, p.payload.len()) {
+        eng.fault(p.src, what);
         return None;
     }
     let n = p.payload.len().min(buf.len());
