@@ -345,9 +345,9 @@ fn stress_with_every_message_through_rendezvous_and_no_node_collectives() {
 fn lmt_strategies() -> Vec<&'static str> {
     let mut v = vec!["chunks", "ring", "vmsplice"];
     if nemesis::lmt::cma::probe().is_ok() {
-        v.extend(["cma", "cma-put"]);
+        v.extend(["cma", "cma-put", "cma-split"]);
     } else {
-        eprintln!("CMA is not permitted here: cma and cma-put are not tested");
+        eprintln!("CMA is not permitted here: cma, cma-put and cma-split are not tested");
     }
     v
 }

@@ -8,7 +8,7 @@
 //! peers of a job need. A seccomp filter that forbids the calls is found the same way.
 
 use crate::iov;
-use crate::{LmtError, Seg, Strategy, Xfer};
+use crate::{LmtError, Role, Seg, Strategy, Xfer};
 use std::io;
 
 /// Most pieces a cookie may list; a message in more pieces is not offered for CMA.
@@ -74,6 +74,18 @@ pub fn encode(segs: &[Seg], cookie: &mut Vec<u8>) -> bool {
     true
 }
 
+/// The first `len` bytes of `segs`.
+pub(crate) fn first(segs: &[Seg], len: usize) -> Vec<Seg> {
+    let mut room = len;
+    segs.iter()
+        .map(|s| {
+            let len = s.len.min(room);
+            room -= len;
+            Seg { ptr: s.ptr, len }
+        })
+        .collect()
+}
+
 /// The pieces a peer's cookie lists, checked to add up to `total`.
 pub fn decode(peer: u32, cookie: &[u8], total: usize) -> Result<Vec<(u64, u64)>, LmtError> {
     let bad = |why: String| LmtError::BadCookie { peer, why };
@@ -113,9 +125,13 @@ pub fn decode(peer: u32, cookie: &[u8], total: usize) -> Result<Vec<(u64, u64)>,
 /// `bufs` must be valid for writing (a read) or reading (a write) and cover at least
 /// `x.want` bytes.
 pub(crate) unsafe fn step(pid: i32, x: &mut Xfer, bufs: &[Seg], step: usize) -> Result<(), LmtError> {
-    let n = (x.want - x.done).min(step);
+    let n = x.want.saturating_sub(x.done).min(step);
     if n == 0 {
         return Ok(());
+    }
+    if x.skip > 0 {
+        iov::advance(bufs, &mut x.at, x.skip);
+        x.skip = 0;
     }
     // The two lists may cover different lengths (each stops at IOV_MAX pieces): the
     // kernel moves as much as the shorter covers, and `done` advances by that.
@@ -130,7 +146,7 @@ pub(crate) unsafe fn step(pid: i32, x: &mut Xfer, bufs: &[Seg], step: usize) -> 
     // SAFETY: the local pieces are inside `bufs` (the caller's contract); the remote
     // ones are checked by the kernel against the peer's address space.
     let moved = unsafe {
-        if x.strategy == Strategy::CmaPut {
+        if x.strategy == Strategy::CmaPut || (x.strategy == Strategy::CmaSplit && x.role == Role::Send) {
             libc::process_vm_writev(pid, l.as_ptr(), l.len() as _, r.as_ptr(), r.len() as _, 0)
         } else {
             libc::process_vm_readv(pid, l.as_ptr(), l.len() as _, r.as_ptr(), r.len() as _, 0)
@@ -177,7 +193,6 @@ pub(crate) unsafe fn step(pid: i32, x: &mut Xfer, bufs: &[Seg], step: usize) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Role;
 
     fn get(remote: Vec<(u64, u64)>, total: usize, dst: &mut [u8]) -> Result<Xfer, LmtError> {
         let mut x = Xfer::new(7, Strategy::Cma, Role::Recv, total);

@@ -12,6 +12,7 @@
 //! |------------|-------------|--------|-----------------------------------------|
 //! | `cma`      | get         | 1      | `process_vm_readv` permitted (ptrace)   |
 //! | `cma-put`  | put         | 1      | `process_vm_writev` permitted           |
+//! | `cma-split`| split       | 1      | both calls permitted                    |
 //! | `ring`     | cooperative | 2      | room for a ring file in the shm dir     |
 //! | `vmsplice` | cooperative | 1      | a FIFO in the shm dir                   |
 //! | `chunks`   | cooperative | 2      | nothing: packets through queue cells    |
@@ -53,6 +54,10 @@ pub enum Mode {
     Get,
     /// Both sides take part, through an intermediate buffer.
     Cooperative,
+    /// Both sides copy at once, each its own part: the receiver reads the first part of
+    /// the sender's buffer (RTS cookie) while the sender writes the rest into the
+    /// receiver's (CTS cookie). Each tells the other when its part is done.
+    Split,
 }
 
 /// A way to move a large message. The discriminant is its code on the wire.
@@ -72,17 +77,21 @@ pub enum Strategy {
     /// The receiver's card reads the sender's registered memory (a peer on another
     /// node, through a netmod with RDMA).
     Rdma = 5,
+    /// Both at once: the receiver reads the first half with `process_vm_readv` while
+    /// the sender writes the second with `process_vm_writev`, so two CPUs copy.
+    CmaSplit = 6,
 }
 
 impl Strategy {
     /// Every strategy, in wire-code order.
-    pub const ALL: [Strategy; 6] = [
+    pub const ALL: [Strategy; 7] = [
         Strategy::Chunks,
         Strategy::Cma,
         Strategy::CmaPut,
         Strategy::Ring,
         Strategy::Vmsplice,
         Strategy::Rdma,
+        Strategy::CmaSplit,
     ];
 
     /// The strategy with wire code `code`.
@@ -99,6 +108,7 @@ impl Strategy {
             Strategy::Ring => "ring",
             Strategy::Vmsplice => "vmsplice",
             Strategy::Rdma => "rdma",
+            Strategy::CmaSplit => "cma-split",
         }
     }
 
@@ -107,6 +117,7 @@ impl Strategy {
         match self {
             Strategy::Cma | Strategy::Rdma => Mode::Get,
             Strategy::CmaPut => Mode::Put,
+            Strategy::CmaSplit => Mode::Split,
             Strategy::Chunks | Strategy::Ring | Strategy::Vmsplice => Mode::Cooperative,
         }
     }
@@ -115,13 +126,21 @@ impl Strategy {
     /// send that is let go early must not give its buffer back before the receiver is
     /// done (or has promised not to start).
     pub fn reads_in_place(self) -> bool {
-        matches!(self, Strategy::Cma | Strategy::Vmsplice | Strategy::Rdma)
+        matches!(
+            self,
+            Strategy::Cma | Strategy::Vmsplice | Strategy::Rdma | Strategy::CmaSplit
+        )
+    }
+
+    /// Whether it runs on cross-memory attach, which the system may refuse.
+    pub fn needs_cma(self) -> bool {
+        matches!(self, Strategy::Cma | Strategy::CmaPut | Strategy::CmaSplit)
     }
 
     /// Whether the sender hands its pages over in the RTS (a cookie naming them), so
     /// that a sender letting go of its request must take the offer back first.
     pub fn offered_in_place(self) -> bool {
-        matches!(self, Strategy::Cma | Strategy::Rdma)
+        matches!(self, Strategy::Cma | Strategy::Rdma | Strategy::CmaSplit)
     }
 }
 
@@ -275,6 +294,11 @@ pub struct Xfer {
     pub(crate) want: usize,
     /// Where `done` is in the local buffer list.
     pub(crate) at: nemesis_shm::ring::SegCursor,
+    /// Bytes of the local buffer list to step over before the first move: the part the
+    /// peer moves, for the sender of a split transfer, whose `done` starts there.
+    pub(crate) skip: usize,
+    /// For a split transfer, whether the peer has said its part is done.
+    peer_done: bool,
     /// The peer's buffer, for get and put.
     pub(crate) remote: Vec<(u64, u64)>,
     /// Registrations and reads in flight, for [`Strategy::Rdma`].
@@ -291,14 +315,39 @@ impl Xfer {
             done: 0,
             want: total,
             at: Default::default(),
+            skip: 0,
+            peer_done: false,
             remote: Vec::new(),
             rdma: None,
         }
     }
 
-    /// Whether this side has nothing left to do.
+    /// Whether this side has nothing left to do: for the receiver of a split transfer,
+    /// its own part moved and the sender's part said to be done.
     pub fn is_complete(&self) -> bool {
+        self.done >= self.want && (self.peer_done || !self.waits_for_peer())
+    }
+
+    /// Whether this side's own part is moved (or given up).
+    pub fn own_part_done(&self) -> bool {
         self.done >= self.want
+    }
+
+    /// Whether completing this side needs the peer's word that its part is done.
+    fn waits_for_peer(&self) -> bool {
+        self.strategy.mode() == Mode::Split && self.role == Role::Recv
+    }
+
+    /// Records that the peer's part of a split transfer is done (its FIN came).
+    pub fn peer_finished(&mut self) {
+        self.peer_done = true;
+    }
+
+    /// Stops moving this side's part (a receive let go, or one whose own part failed):
+    /// a split receive then only waits for the peer's word, since the peer may still be
+    /// writing into its buffer.
+    pub fn give_up_own_part(&mut self) {
+        self.want = self.done;
     }
 }
 
@@ -378,7 +427,9 @@ mod tests {
             assert!(set.has(s) && set.has(Strategy::Chunks));
             assert!(!set.without(s).has(s));
         }
-        assert_eq!(Strategy::from_code(6), None);
+        assert_eq!(Strategy::from_code(7), None);
+        assert_eq!(Strategy::CmaSplit.mode(), Mode::Split);
+        assert!(Strategy::CmaSplit.offered_in_place() && Strategy::CmaSplit.needs_cma());
         assert!(Strategy::Rdma.reads_in_place() && Strategy::Rdma.offered_in_place());
         let all = Strategies(0xff);
         assert!(!all.without_in_place().has_in_place() && all.has_in_place());

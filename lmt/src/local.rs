@@ -65,7 +65,7 @@ fn claim_in<T>(
 /// Refuses a policy that forces CMA where it is refused (`cma_refused` says why).
 fn check_forced(policy: Policy, cma_refused: Option<&str>) -> Result<(), LmtError> {
     match (policy.force, cma_refused) {
-        (Some(s @ (Strategy::Cma | Strategy::CmaPut)), Some(why)) => Err(LmtError::Config {
+        (Some(s), Some(why)) if s.needs_cma() => Err(LmtError::Config {
             var: "NEMESIS_LMT",
             value: s.name().into(),
             reason: format!("cross-memory attach is not permitted here ({why}); use auto or ring"),
@@ -80,6 +80,13 @@ fn not_here(peer: u32) -> LmtError {
         peer,
         why: "rdma moves data between nodes, not between processes of one node".into(),
     }
+}
+
+/// Where a split transfer of `total` bytes divides: the receiver reads the bytes before
+/// it, the sender writes those from it. At a page boundary near the middle, so that
+/// neither side's copy shares a page with the other's at the cut.
+fn split_at(total: usize) -> usize {
+    (total / 2) & !4095
 }
 
 /// Files this makes are named `<prefix>lmt-<kind>-<from>-<to>`.
@@ -181,7 +188,7 @@ impl LocalLmt {
 
     /// Whether this system lets `s` run at all.
     fn permitted(&self, s: Strategy) -> bool {
-        !matches!(s, Strategy::Cma | Strategy::CmaPut) || self.cma_refused.is_none()
+        !s.needs_cma() || self.cma_refused.is_none()
     }
 
     /// Whether `s` can carry a transfer with `peer` as far as this side knows.
@@ -257,11 +264,14 @@ impl Lmt for LocalLmt {
         if !self.is_local(peer) {
             return Offer::CHUNKS;
         }
+        // The cookie naming the sender's pages, which every in-place offer shares:
+        // `None` until made, `Some(false)` when the buffer has too many pieces.
+        let mut named = None;
         for s in self.preferred(len) {
             if !self.possible(peer, s) {
                 continue;
             }
-            if s == Strategy::Cma && !cma::encode(src, cookie) {
+            if s.offered_in_place() && !*named.get_or_insert_with(|| cma::encode(src, cookie)) {
                 continue;
             }
             set = set.with(s);
@@ -302,16 +312,7 @@ impl Lmt for LocalLmt {
                 x.want = total.min(cap);
             }
             Strategy::CmaPut => {
-                let mut room = cap.min(total);
-                let segs: Vec<Seg> = dst
-                    .iter()
-                    .map(|s| {
-                        let len = s.len.min(room);
-                        room -= len;
-                        Seg { ptr: s.ptr, len }
-                    })
-                    .collect();
-                if !cma::encode(&segs, cts_cookie) {
+                if !cma::encode(&cma::first(dst, cap.min(total)), cts_cookie) {
                     return Err(LmtError::Config {
                         var: "NEMESIS_LMT",
                         value: "cma-put".into(),
@@ -319,6 +320,25 @@ impl Lmt for LocalLmt {
                     });
                 }
                 x.want = 0;
+            }
+            Strategy::CmaSplit => {
+                let refuse = |why: &str| LmtError::NotPermitted {
+                    peer,
+                    strategy,
+                    why: std::io::Error::other(why.to_string()),
+                };
+                // A message longer than the buffer would have the sender write past it:
+                // the caller moves it another way.
+                if cap < total {
+                    return Err(refuse("a receive buffer shorter than the message"));
+                }
+                x.remote = cma::decode(peer, rts_cookie, total)?;
+                let split = split_at(total);
+                cts_cookie.extend_from_slice(&(split as u64).to_le_bytes());
+                if !cma::encode(&cma::first(dst, total), cts_cookie) {
+                    return Err(refuse("a receive buffer in too many pieces"));
+                }
+                x.want = split;
             }
             Strategy::Ring => {
                 cts_cookie.extend_from_slice(file_name(&self.prefix, "ring", peer, self.me).as_bytes());
@@ -362,6 +382,19 @@ impl Lmt for LocalLmt {
                 x.remote = cma::decode(peer, cts_cookie, sum as usize)?;
                 x.want = sum as usize;
             }
+            Strategy::CmaSplit => {
+                let bad = |why: String| LmtError::BadCookie { peer, why };
+                let split = cts_cookie
+                    .get(..8)
+                    .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+                    .ok_or_else(|| bad("a split CTS cookie shorter than its split point".into()))?;
+                if split > total as u64 {
+                    return Err(bad(format!("a split at byte {split} of a message of {total}")));
+                }
+                x.remote = cma::decode(peer, &cts_cookie[8..], total)?;
+                x.done = split as usize;
+                x.skip = split as usize;
+            }
             Strategy::Ring => {
                 if !self.ring_out.contains_key(&peer) {
                     let name = self.peer_file(peer, cts_cookie, "ring")?;
@@ -389,8 +422,8 @@ impl Lmt for LocalLmt {
         match (x.strategy, x.role) {
             (Strategy::Chunks, _) => {}
             (Strategy::Rdma, _) => return Err(not_here(x.peer)),
-            (Strategy::Cma | Strategy::CmaPut, _) => {
-                if !x.is_complete() {
+            (Strategy::Cma | Strategy::CmaPut | Strategy::CmaSplit, _) => {
+                if !x.own_part_done() {
                     let pid = self.pid(x.peer)?;
                     // SAFETY: `bufs` is the transfer's buffer (progress's contract).
                     unsafe { cma::step(pid, x, bufs, CMA_STEP)? };
@@ -552,6 +585,77 @@ mod tests {
     }
 
     #[test]
+    fn a_split_transfer_moves_each_part_from_its_own_side_and_waits_for_the_other() {
+        let dir = tmpdir("split");
+        let (mut tx, mut rx) = pair(&dir);
+        if tx.cma_refused().is_some() {
+            eprintln!("skipping: CMA is not permitted here");
+            return;
+        }
+        let s = Strategy::CmaSplit;
+        let msg: Vec<u8> = (0..(3 << 20) + 77).map(|j| (j % 251) as u8).collect();
+        let mut cookie = Vec::new();
+        assert!(
+            tx.offer(1, &[Seg::of(&msg)], msg.len(), &mut cookie)
+                .strategies
+                .has(s)
+        );
+        // Into two pieces, so that the cut and the pieces' seam differ.
+        let mut a = vec![0u8; 1_000_001];
+        let mut b = vec![0u8; msg.len() - a.len()];
+        let dsegs = [Seg::of_mut(&mut a), Seg::of_mut(&mut b)];
+        let mut cts = Vec::new();
+        let mut rxx = rx
+            .start_recv(0, s, &cookie, msg.len(), msg.len(), &dsegs, &mut cts)
+            .unwrap();
+        let mut txx = tx.start_send(1, s, &cts, msg.len()).unwrap();
+        let ssegs = [Seg::of(&msg)];
+        // SAFETY: both buffers are live for the whole transfer and used by nothing else.
+        unsafe {
+            while !rx.progress(&mut rxx, &dsegs).unwrap() && !rxx.own_part_done() {}
+            // The receiver's part is moved, but it is not complete without the sender's.
+            assert!(!rx.progress(&mut rxx, &dsegs).unwrap());
+            assert!(
+                rxx.done > 0 && rxx.done < msg.len(),
+                "the receiver moved {}",
+                rxx.done
+            );
+            while !tx.progress(&mut txx, &ssegs).unwrap() {}
+            assert!(!rx.progress(&mut rxx, &dsegs).unwrap());
+            rxx.peer_finished();
+            assert!(rx.progress(&mut rxx, &dsegs).unwrap());
+        }
+        // The sender moved from the cut to the end; the cut is a page near the middle.
+        assert_eq!((txx.done, rxx.done), (msg.len(), split_at(msg.len())));
+        assert!(rxx.done % 4096 == 0 && rxx.done.abs_diff(msg.len() / 2) < 4096);
+        tx.end(&txx);
+        rx.end(&rxx);
+        assert!(a[..] == msg[..a.len()] && b[..] == msg[a.len()..]);
+
+        // A receive buffer shorter than the message is refused before anything moves.
+        let mut short = vec![0u8; 100];
+        let e = rx
+            .start_recv(
+                0,
+                s,
+                &cookie,
+                msg.len(),
+                100,
+                &[Seg::of_mut(&mut short)],
+                &mut Vec::new(),
+            )
+            .unwrap_err();
+        assert!(matches!(e, LmtError::NotPermitted { .. }), "{e}");
+        // A CTS whose split point or pieces lie is a bad cookie.
+        let mut past = ((msg.len() + 1) as u64).to_le_bytes().to_vec();
+        past.extend_from_slice(&cts[8..]);
+        for bad in [&cts[..5], &past[..], &cts[..cts.len() - 1]] {
+            let e = tx.start_send(1, s, bad, msg.len()).unwrap_err();
+            assert!(matches!(e, LmtError::BadCookie { peer: 1, .. }), "{e}");
+        }
+    }
+
+    #[test]
     fn a_cts_naming_a_file_outside_the_pair_is_refused() {
         let dir = tmpdir("name");
         let (mut tx, _rx) = pair(&dir);
@@ -581,7 +685,7 @@ mod tests {
 
     #[test]
     fn forcing_cma_where_it_is_refused_is_a_config_error_and_nothing_else_is() {
-        for s in [Strategy::Cma, Strategy::CmaPut] {
+        for s in [Strategy::Cma, Strategy::CmaPut, Strategy::CmaSplit] {
             let p = Policy {
                 force: Some(s),
                 ..Policy::default()

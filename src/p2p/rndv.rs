@@ -131,8 +131,8 @@ impl Rndv {
         let (recv_id, strategy, cookie) = wire::parse_cts(payload)?;
         match reqs.get_mut(send_id) {
             Some(Req::Send(s)) if s.dest == src && matches!(s.state, SState::WaitCts) => {
-                // A CTS means the receiver does not read in place: what the offer
-                // holds for that can go.
+                // A CTS means the receiver does not read by RDMA: the registration
+                // the offer holds for that can go.
                 self.retired.extend(s.held.take().map(|h| *h));
                 if strategy == Strategy::Chunks {
                     s.state = SState::Push { recv_id, off: 0 };
@@ -211,7 +211,8 @@ impl Rndv {
                     self.retired.push(*x);
                 }
                 self.retired.extend(s.held.take().map(|h| *h));
-                if status != OK {
+                // A send whose own part failed (split) keeps its own error.
+                if status != OK && !s.result.as_ref().is_some_and(Result::is_err) {
                     s.result = Some(Err(Box::new(P2pError::RemoteTransfer {
                         rank: s.comm.rank_of(src).unwrap_or(src),
                     })));
@@ -236,6 +237,22 @@ impl Rndv {
         let status = wire::status(payload);
         match reqs.get_mut(recv_id) {
             Some(Req::Recv(rr)) if matches!(rr.state, RState::Rndv { peer, .. } if peer == src) => {
+                // A split transfer: the sender's part is done, and the receive completes
+                // at the chores once its own part is (the chores answer DONE then).
+                if let RState::Rndv {
+                    stage: Stage::Lmt(x), ..
+                } = &mut rr.state
+                    && x.strategy.mode() == Mode::Split
+                {
+                    x.peer_finished();
+                    if status != OK {
+                        x.give_up_own_part();
+                        rr.result = Some(Err(Box::new(P2pError::RemoteTransfer {
+                            rank: rr.comm.rank_of(src).unwrap_or(src),
+                        })));
+                    }
+                    return Ok(());
+                }
                 if let RState::Rndv {
                     stage: Stage::Lmt(x), ..
                 } = std::mem::replace(&mut rr.state, RState::Done)
@@ -379,6 +396,8 @@ pub(crate) fn holds_in_place(r: &Req) -> bool {
     match r {
         Req::Send(s) => match &s.state {
             SState::WaitCts => s.offered.has_in_place(),
+            // A split transfer's receiver reads from its CTS on.
+            SState::Cts { strategy, .. } => s.owned.is_none() && strategy.reads_in_place(),
             SState::Lmt { .. } | SState::WaitDone => {
                 s.owned.is_none() && s.used.is_some_and(Strategy::reads_in_place)
             }
@@ -388,7 +407,7 @@ pub(crate) fn holds_in_place(r: &Req) -> bool {
         Req::Recv(rr) => matches!(
             &rr.state,
             RState::Rndv { stage: Stage::Lmt(x), .. }
-                if matches!(x.strategy, Strategy::CmaPut | Strategy::Rdma)
+                if matches!(x.strategy, Strategy::CmaPut | Strategy::Rdma | Strategy::CmaSplit)
         ),
     }
 }
@@ -406,9 +425,11 @@ fn recv_step(lmt: &mut dyn Lmt, id: u32, rr: &mut RecvReq) -> After {
     };
     let (peer, send_id, total) = (*peer, *send_id, *total);
     let rank = rr.comm.rank_of(peer).unwrap_or(peer);
-    // Completes the receive (with `err`, if any) and tells the sender so.
-    let done = |rr: &mut RecvReq, err: Option<LmtError>| {
-        let status = if err.is_some() { FAILED } else { OK };
+    // Completes the receive (with `err`, if any) and tells the sender so. A split
+    // transfer whose own part failed earlier (its error already in the result) says so
+    // too; a truncated receive does not.
+    let done = |rr: &mut RecvReq, err: Option<LmtError>, split_failed: bool| {
+        let status = if err.is_some() || split_failed { FAILED } else { OK };
         if let Some(e) = err {
             rr.result = Some(Err(Box::new(P2pError::Transfer { rank, source: e })));
         }
@@ -450,14 +471,20 @@ fn recv_step(lmt: &mut dyn Lmt, id: u32, rr: &mut RecvReq) -> After {
                             .then(|| (peer, CTS, send_id, wire::cts(id, strategy, &reply))),
                     }
                 }
-                Err(e) => done(rr, Some(e)),
+                Err(e) => done(rr, Some(e), false),
             }
         }
         Stage::Lmt(x) => {
+            let split = x.strategy.mode() == Mode::Split;
             let r = if rr.detached && x.strategy == Strategy::Cma {
                 // Let go: stop reading; the sender only waits for DONE. (An RDMA read
                 // let go is given an empty buffer: it waits for the reads in flight.)
                 Ok(true)
+            } else if rr.detached && split {
+                // Let go: stop reading, but wait for the sender, which may still be
+                // writing into the buffer.
+                x.give_up_own_part();
+                Ok(x.is_complete())
             } else {
                 // SAFETY: the receive buffer is lent (see `Bufs`), or empty once released.
                 unsafe { lmt.progress(x, rr.bufs.segs()) }
@@ -466,16 +493,24 @@ fn recv_step(lmt: &mut dyn Lmt, id: u32, rr: &mut RecvReq) -> After {
                 Ok(false) => After::KEEP,
                 Ok(true) => {
                     lmt.end(x);
-                    done(rr, None)
+                    let failed = split && rr.result.as_ref().is_some_and(Result::is_err);
+                    done(rr, None, failed)
                 }
                 Err(LmtError::NotPermitted { .. }) if x.done == 0 && x.strategy == Strategy::Cma => {
                     // Refused before anything moved: chunks instead.
                     lmt.end(x);
                     chunks(stage)
                 }
+                Err(e) if split => {
+                    // The sender may still be writing into the buffer: the receive fails
+                    // once it has said it is done.
+                    rr.result = Some(Err(Box::new(P2pError::Transfer { rank, source: e })));
+                    x.give_up_own_part();
+                    After::KEEP
+                }
                 Err(e) => {
                     lmt.end(x);
-                    done(rr, Some(e))
+                    done(rr, Some(e), false)
                 }
             }
         }
@@ -486,14 +521,19 @@ fn recv_step(lmt: &mut dyn Lmt, id: u32, rr: &mut RecvReq) -> After {
 /// One step of a large send that the LMT carries.
 fn send_step(lmt: &mut dyn Lmt, s: &mut SendReq) -> After {
     let rank = s.comm.rank_of(s.dest).unwrap_or(s.dest);
-    // Completes the send (with `err`, if any) and tells the receiver so.
-    let done = |s: &mut SendReq, recv_id: u32, err: Option<LmtError>| {
+    // Completes the send (with `err`, if any) and tells the receiver so; a split
+    // transfer then waits for DONE, as its receiver may still be reading the buffer.
+    let done = |s: &mut SendReq, recv_id: u32, err: Option<LmtError>, split: bool| {
         let status = if err.is_some() { FAILED } else { OK };
         if let Some(e) = err {
             s.result = Some(Err(Box::new(P2pError::Transfer { rank, source: e })));
         }
-        s.state = SState::Done;
-        s.owned = None;
+        if split {
+            s.state = SState::WaitDone;
+        } else {
+            s.state = SState::Done;
+            s.owned = None;
+        }
         After {
             ctrl: Some((s.dest, FIN, recv_id, vec![status])),
             ..After::default()
@@ -505,7 +545,7 @@ fn send_step(lmt: &mut dyn Lmt, s: &mut SendReq) -> After {
             strategy,
             cookie,
         } => {
-            let recv_id = *recv_id;
+            let (recv_id, split) = (*recv_id, strategy.mode() == Mode::Split);
             match lmt.start_send(s.dest, *strategy, cookie, s.len) {
                 Ok(x) => {
                     s.state = SState::Lmt {
@@ -514,19 +554,19 @@ fn send_step(lmt: &mut dyn Lmt, s: &mut SendReq) -> After {
                     };
                     After::KEEP
                 }
-                Err(e) => done(s, recv_id, Some(e)),
+                Err(e) => done(s, recv_id, Some(e), split),
             }
         }
         SState::Lmt { recv_id, x } => {
-            let recv_id = *recv_id;
+            let (recv_id, split) = (*recv_id, x.strategy.mode() == Mode::Split);
             let src = source(&s.bufs, &s.owned);
             // SAFETY: the send buffer (or its copy) is lent for the whole transfer.
             match unsafe { lmt.progress(x, src.segs()) } {
                 Ok(false) => After::KEEP,
                 Ok(true) => {
                     lmt.end(x);
-                    if x.strategy.mode() == Mode::Put {
-                        done(s, recv_id, None)
+                    if matches!(x.strategy.mode(), Mode::Put | Mode::Split) {
+                        done(s, recv_id, None, split)
                     } else {
                         s.state = SState::WaitDone;
                         After::default()
@@ -534,7 +574,7 @@ fn send_step(lmt: &mut dyn Lmt, s: &mut SendReq) -> After {
                 }
                 Err(e) => {
                     lmt.end(x);
-                    done(s, recv_id, Some(e))
+                    done(s, recv_id, Some(e), split)
                 }
             }
         }

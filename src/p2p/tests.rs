@@ -831,7 +831,7 @@ fn strategies() -> Vec<Strategy> {
     let cma = nemesis_lmt::cma::probe().is_ok();
     Strategy::ALL
         .into_iter()
-        .filter(|s| cma || !matches!(s, Strategy::Cma | Strategy::CmaPut))
+        .filter(|s| cma || !s.needs_cma())
         .collect()
 }
 

@@ -97,10 +97,7 @@ fn calibrate(a: &CalibrateArgs, json: bool) -> Result<()> {
     let cma = nemesis::lmt::cma::probe().is_ok();
     let strategies: Vec<Strategy> = Strategy::ALL
         .into_iter()
-        .filter(|&s| {
-            !matches!(s, Strategy::Chunks | Strategy::Rdma)
-                && (cma || !matches!(s, Strategy::Cma | Strategy::CmaPut))
-        })
+        .filter(|&s| !matches!(s, Strategy::Chunks | Strategy::Rdma) && (cma || !s.needs_cma()))
         .chain([Strategy::Chunks])
         .collect();
     let clock = pair.clock();
@@ -237,7 +234,7 @@ fn lmt_bands(strategies: &[nemesis::lmt::Strategy], mut by_size: Vec<(usize, Vec
             .filter(|(_, s)| *s != Strategy::Chunks)
             .collect();
         r.sort_by(|x, y| y.0.total_cmp(&x.0));
-        r.into_iter().map(|(_, s)| s).take(4).collect()
+        r.into_iter().map(|(_, s)| s).take(5).collect()
     };
     // (first size, summed scores of the band's sizes)
     let mut bands: Vec<(usize, Vec<f64>)> = Vec::new();
@@ -539,7 +536,7 @@ struct BwArgs {
           default_value = "1K,4K,16K,64K,256K,1M,4M,16M,64M")]
     sizes: Vec<usize>,
     /// Large-message strategies to compare, interleaved round by round: auto, chunks,
-    /// cma, cma-put, ring, vmsplice (within the node), rdma (between nodes, where the
+    /// cma, cma-put, cma-split, ring, vmsplice (within the node), rdma (between nodes, where the
     /// netmod has RDMA), as NEMESIS_LMT. Ignored with --layer channel.
     #[arg(long, value_delimiter = ',', default_value = "auto")]
     lmt: Vec<String>,
@@ -618,7 +615,9 @@ fn strategy_arg(name: &str) -> Result<Option<nemesis::lmt::Strategy>> {
             .find(|s| s.name() == n)
             .map(Some)
             .ok_or_else(|| {
-                anyhow::anyhow!("--lmt {n}: expected auto, chunks, cma, cma-put, ring, vmsplice or rdma")
+                anyhow::anyhow!(
+                    "--lmt {n}: expected auto, chunks, cma, cma-put, cma-split, ring, vmsplice or rdma"
+                )
             }),
     }
 }
