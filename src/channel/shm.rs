@@ -170,7 +170,7 @@ impl ShmChannel {
         if port.region().peer_state(local_index) == PeerState::Absent {
             port.region().publish_pid(local_index);
         }
-        let lmt = LocalLmt::new(
+        let mut lmt = LocalLmt::new(
             rank,
             port.region().clone(),
             local_of
@@ -181,6 +181,7 @@ impl ShmChannel {
             nemesis_shm::config::job_prefix(job_id),
             Policy::from_env()?,
         )?;
+        lmt.set_cpus_shared(n as u32 > usable_cpus());
         Ok(Self {
             port,
             rank,
