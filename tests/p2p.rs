@@ -167,6 +167,13 @@ fn child_dies_mid_transfer() {
     child_main(faults::dies_mid_transfer);
 }
 
+/// See [`faults::receiver_dies_mid_transfer`].
+#[test]
+#[ignore = "child process of the multi-process tests"]
+fn child_receiver_dies_mid_transfer() {
+    child_main(faults::receiver_dies_mid_transfer);
+}
+
 /// Rank 0 sends a medium message and exits at once, without a goodbye or a flush: a
 /// medium message goes only when all its packets get cells, so it arrives whole from the
 /// segment, and the next receive fails with the peer's failure within a bound; as a
@@ -405,6 +412,25 @@ fn a_sender_dying_mid_transfer_fails_the_receive_in_bounded_time() {
         assert!(o.status.success(), "{lmt}: {}", text(&o));
         assert!(
             String::from_utf8_lossy(&o.stdout).contains("receive failed:"),
+            "{lmt}: {}",
+            text(&o)
+        );
+        assert!(leftovers(&dir).is_empty(), "{lmt}: {:?}", leftovers(&dir));
+    }
+}
+
+#[test]
+fn a_receiver_dying_mid_transfer_fails_the_send_in_bounded_time() {
+    for lmt in lmt_strategies().into_iter().chain(["auto"]) {
+        let dir = shm_dir(&format!("p2p-recv-dies-{lmt}"));
+        let o = run(2, "receiver_dies_mid_transfer", &dir)
+            .env("NEMESIS_LMT", lmt)
+            .env("NEMESIS_FAILURE_TIMEOUT", "0.2")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{lmt}: {}", text(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stdout).contains("send failed:"),
             "{lmt}: {}",
             text(&o)
         );

@@ -69,3 +69,61 @@ pub fn dies_mid_transfer() -> Result<(), String> {
         }
     })
 }
+
+/// The mirror of [`dies_mid_transfer`]: rank 1 posts a large receive and exits part way
+/// through it; rank 0's send fails with the peer's failure within the same bound,
+/// whatever strategy moves it, including those in which the sender writes into the
+/// receiver's memory (`cma-put`, `cma-split`).
+pub fn receiver_dies_mid_transfer() -> Result<(), String> {
+    let len: usize = std::env::var("DIES_LEN")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(512 << 20);
+    let after = Duration::from_millis(
+        std::env::var("DIES_AFTER_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(5),
+    );
+    let mut w = nemesis::init().map_err(|e| e.to_string())?;
+    let c = w.comm();
+    if w.rank() == 1 {
+        let mut buf = vec![0u8; len];
+        w.scope(|s| {
+            let mut r = s.irecv(&c, 0, 1, &mut buf).map_err(|e| e.to_string())?;
+            s.world().send(&c, 0, 9, &[1]).map_err(|e| e.to_string())?;
+            let t = Instant::now();
+            while t.elapsed() < after {
+                if s.test(&mut r).map_err(|e| e.to_string())? {
+                    return Err("the whole message moved before the receiver could die".to_string());
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            std::process::exit(0)
+        })?;
+        return Ok(());
+    }
+    let limit = w.config().failure_check * 5 + Duration::from_secs(2) + after;
+    let data = vec![7u8; len];
+    let mut go = [0u8; 1];
+    w.scope(|s| {
+        let r = s.isend(&c, 1, 1, &data).map_err(|e| e.to_string())?;
+        s.world().recv(&c, 1, 9, &mut go).map_err(|e| e.to_string())?;
+        let t = Instant::now();
+        match s.wait(r) {
+            Err(P2pError::PeerFailed { rank: 1, reason }) if t.elapsed() < limit => {
+                println!("send failed: rank 1 failed ({reason}) after {:.2?}", t.elapsed());
+                Ok(())
+            }
+            Err(P2pError::Transfer { rank: 1, source }) if t.elapsed() < limit => {
+                println!(
+                    "send failed: the transfer failed ({source}) after {:.2?}",
+                    t.elapsed()
+                );
+                Ok(())
+            }
+            Err(e) => Err(format!("unexpected error after {:.2?}: {e}", t.elapsed())),
+            Ok(_) => Err("a send of the whole message completed to a dead receiver".to_string()),
+        }
+    })
+}
