@@ -56,6 +56,11 @@ pub const KNOWN: &[(&str, Reader, &str)] = &[
         Reader::Library,
         "collectives through the node's blocks",
     ),
+    (
+        "NEMESIS_FLAT_COLLECTIVES",
+        Reader::Library,
+        "small collectives through messages gathered at rank 0",
+    ),
     ("NEMESIS_LMT", Reader::Library, "large-message strategy"),
     (
         "NEMESIS_RMA_PROGRESS",

@@ -3,12 +3,22 @@
 //!
 //! | collective | algorithm |
 //! |---|---|
-//! | barrier | dissemination |
+//! | barrier | dissemination; flat among 3 to 8 ranks on shared CPUs |
 //! | bcast, reduce | binomial tree |
-//! | allreduce | recursive doubling, with the usual fold for sizes that are not powers of two |
+//! | allreduce | recursive doubling, with the usual fold for sizes that are not powers of two; flat up to 4 KiB among 3 to 8 ranks on shared CPUs |
 //! | gather | binomial tree of contiguous blocks |
 //! | allgather | ring |
 //! | alltoall | pairwise exchange |
+//!
+//! *Flat*: every rank sends to rank 0, which answers each once it has heard from all.
+//! Where the node's processes outnumber its CPUs, each of a logarithmic algorithm's rounds
+//! waits for its peers to be scheduled; gathered at one rank, each process runs about
+//! twice. Among 8 processes on 2 CPUs a barrier took 6.8–7.0 µs that way against
+//! 12.0–13.0 by dissemination, an 8-byte allreduce 7.4–9.0 against 14.2–15.7
+//! (BENCHMARKS.md). Where each process has a CPU, the rounds are cheaper than rank 0's
+//! turn through every message. A communicator's members agree once, on its first
+//! barrier or allreduce through messages, by an exchange of votes (`World::flat_vote`):
+//! all take the flat forms where any wants them.
 //!
 //! Every collective message's tag encodes the collective, the operation and the element
 //! type, and receivers take the next collective message from the expected peer and check
@@ -62,7 +72,92 @@ fn describe(tag: i32) -> String {
     )
 }
 
+/// The communicator sizes at which small collectives may be flat: measured from 4 to 8
+/// on shared CPUs; with 2 ranks, dissemination is one exchange.
+const FLAT_RANKS: std::ops::RangeInclusive<u32> = 3..=8;
+
+/// The largest allreduce that goes flat, in bytes: the root combines every rank's data
+/// in turn.
+const FLAT_ALLREDUCE_MAX: usize = 4096;
+
+/// The low bits of a flat collective's answer from rank 0 (a collective's own tags keep
+/// them clear): the result, or word that the members' calls did not match.
+const FLAT_RELEASE: i32 = 1;
+const FLAT_BROKEN: i32 = 2;
+
 impl<C: Channel> World<C> {
+    /// Whether small collectives on `c` are flat, agreed on first use: a dissemination
+    /// exchange of every member's vote, which, as in the barrier, hears from every rank.
+    fn flat(&mut self, c: &Arc<CommInner>) -> Result<bool, P2pError> {
+        if let Some(&f) = c.flat.get() {
+            return Ok(f);
+        }
+        let (r, n) = (c.rank, c.ranks.len() as u32);
+        let mut vote = [0u8];
+        if FLAT_RANKS.contains(&n) {
+            vote[0] = u8::from(self.flat_vote);
+            let t = tag(Kind::Barrier, 1, 0);
+            let mut dist = 1;
+            while dist < n {
+                let mut heard = [0u8];
+                self.coll_sendrecv(c, (r + dist) % n, (r + n - dist) % n, t, &vote, &mut heard)?;
+                vote[0] |= heard[0];
+                dist <<= 1;
+            }
+        }
+        let _ = c.flat.set(vote[0] != 0);
+        Ok(vote[0] != 0)
+    }
+
+    /// The flat form: every other rank sends its `data` to rank 0 with tag `t`; rank 0
+    /// hands each rank's, in rank order, to `fold` with its own, then sends every rank
+    /// the result, which lands in their `data`. A rank whose message does not match is
+    /// reported at rank 0, which then releases the others with word of it, so that every
+    /// rank fails rather than some waiting for ever.
+    fn flat_gather_release<T: Pod>(
+        &mut self,
+        c: &Arc<CommInner>,
+        t: i32,
+        data: &mut [T],
+        mut fold: impl FnMut(&mut [T], &[T]) -> Result<(), P2pError>,
+    ) -> Result<(), P2pError> {
+        let n = c.ranks.len() as u32;
+        if c.rank != 0 {
+            self.coll_send(c, 0, t, bytemuck::cast_slice(data))?;
+            let st = self
+                .recv_in(c, c.ctx + 1, Some(0), None, bytemuck::cast_slice_mut(data))
+                .map_err(|e| Self::too_long(e, 0, t))?;
+            if st.tag & 0xf == FLAT_BROKEN {
+                return Err(P2pError::CollectiveMismatch(format!(
+                    "{}: rank 0 found that the members' calls differ",
+                    describe(t)
+                )));
+            }
+            return Self::check_coll(st, 0, t | FLAT_RELEASE, std::mem::size_of_val(data));
+        }
+        let mut theirs = vec![T::zeroed(); data.len()];
+        let mut broken = None;
+        for p in 1..n {
+            match self.coll_recv(c, p, t, bytemuck::cast_slice_mut(&mut theirs)) {
+                Ok(()) if broken.is_none() => fold(data, &theirs)?,
+                Ok(()) => {}
+                Err(e @ P2pError::CollectiveMismatch(_)) => {
+                    broken.get_or_insert(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let release = t | if broken.is_some() {
+            FLAT_BROKEN
+        } else {
+            FLAT_RELEASE
+        };
+        for p in 1..n {
+            self.coll_send(c, p, release, bytemuck::cast_slice(data))?;
+        }
+        broken.map_or(Ok(()), Err)
+    }
+
     fn coll_send(&mut self, c: &Arc<CommInner>, dest: u32, tag: i32, data: &[u8]) -> Result<(), P2pError> {
         self.send_in(c, c.ctx + 1, dest, tag, data)
     }
@@ -139,6 +234,9 @@ impl<C: Channel> World<C> {
             return nc.barrier(c, self);
         }
         let (r, n) = (c.rank, c.ranks.len() as u32);
+        if self.flat(c)? {
+            return self.flat_gather_release::<u8>(c, tag(Kind::Barrier, 2, 0), &mut [], |_, _| Ok(()));
+        }
         let t = tag(Kind::Barrier, 0, 0);
         let mut dist = 1;
         while dist < n {
@@ -237,6 +335,10 @@ impl<C: Channel> World<C> {
             && nc.allreduce(c, self, data, op, t, describe)?
         {
             return Ok(());
+        }
+        if std::mem::size_of_val(data) <= FLAT_ALLREDUCE_MAX && self.flat(c)? {
+            // Rank 0 combines in rank order and sends every rank the same bits.
+            return self.flat_gather_release(c, t, data, |acc, theirs| Ok(T::combine(op, acc, theirs)?));
         }
         let (r, n) = (c.rank, c.ranks.len() as u32);
         let mut tmp = vec![T::zeroed(); data.len()];

@@ -35,6 +35,9 @@ pub(crate) struct CommInner {
     pub identity: bool,
     /// The node block its collectives meet in, when every member shares the node.
     pub node: Option<NodeColl>,
+    /// Whether its small collectives through messages go through rank 0, once the
+    /// members have agreed (`World::flat`).
+    pub flat: std::sync::OnceLock<bool>,
 }
 
 impl Comm {
@@ -65,6 +68,7 @@ impl Comm {
                 all_local,
                 identity,
                 node,
+                flat: std::sync::OnceLock::new(),
             }),
         }
     }

@@ -210,6 +210,13 @@ pub struct Config {
     /// allreduce through the node's shared blocks (`NEMESIS_NODE_COLLECTIVES`, 1 or 0).
     /// Every rank must use the same setting.
     pub node_collectives: bool,
+    /// Whether barrier and small allreduces through messages among 3 to 8 ranks gather
+    /// at rank 0 and are released by it, instead of taking logarithmic rounds
+    /// (`NEMESIS_FLAT_COLLECTIVES`: `None` for `auto`, where the node's processes
+    /// outnumber its CPUs and each round waits for its peers to be scheduled). The
+    /// members of a communicator agree on its first such collective: where any wants it,
+    /// all take it.
+    pub flat_collectives: Option<bool>,
 }
 
 impl Config {
@@ -249,12 +256,19 @@ impl Config {
             Some("0") => false,
             Some(v) => return Err(bad("NEMESIS_NODE_COLLECTIVES", v, "expected 1 or 0")),
         };
+        let flat_collectives = match get("NEMESIS_FLAT_COLLECTIVES").as_deref().map(str::trim) {
+            None | Some("" | "auto") => None,
+            Some("1") => Some(true),
+            Some("0") => Some(false),
+            Some(v) => return Err(bad("NEMESIS_FLAT_COLLECTIVES", v, "expected auto, 1 or 0")),
+        };
         Ok(Self {
             eager_limit,
             net_eager_limit,
             medium_limit,
             failure_check,
             node_collectives,
+            flat_collectives,
         })
     }
 }

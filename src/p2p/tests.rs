@@ -396,20 +396,28 @@ fn requests_and_communicators_of_another_world_are_refused() {
 
 #[test]
 fn collectives_on_every_size_up_to_eight() {
-    collectives_up_to_eight(true);
+    collectives_up_to_eight(true, None);
 }
 
 #[test]
 fn collectives_through_messages_on_every_size_up_to_eight() {
-    collectives_up_to_eight(false);
+    collectives_up_to_eight(false, Some(false));
 }
 
-fn collectives_up_to_eight(node: bool) {
+#[test]
+fn flat_collectives_through_messages_on_every_size_up_to_eight() {
+    collectives_up_to_eight(false, Some(true));
+}
+
+fn collectives_up_to_eight(node: bool, flat: Option<bool>) {
     for n in 1..=8u32 {
         job_with(
             n,
             Geometry::default(),
-            move |c| c.node_collectives = node,
+            move |c| {
+                c.node_collectives = node;
+                c.flat_collectives = flat;
+            },
             move |mut w| {
                 let c = w.comm();
                 let (r, n) = (w.rank(), w.size());
@@ -450,6 +458,70 @@ fn collectives_up_to_eight(node: bool) {
             },
         );
     }
+}
+
+#[test]
+fn members_agree_on_flat_collectives_when_any_wants_them() {
+    for (n, wanting) in [(2u32, 1u32), (3, 0), (3, 2), (4, 99), (5, 1), (8, 7), (9, 1)] {
+        let flat = job_with(
+            n,
+            Geometry::default(),
+            |c| c.node_collectives = false,
+            move |mut w| {
+                let c = w.comm();
+                w.flat_vote = w.rank() == wanting;
+                // An allreduce too large to go flat does not ask.
+                let mut big = vec![1u64; 1024];
+                w.allreduce(&c, &mut big, Op::Sum).unwrap();
+                assert!(big.iter().all(|&x| x == n as u64));
+                assert_eq!(c.inner.flat.get(), None);
+                w.barrier(&c).unwrap();
+                let mut s = [w.rank() as f64 + 0.25];
+                w.allreduce(&c, &mut s, Op::Sum).unwrap();
+                assert_eq!(s, [(n * (n - 1) / 2) as f64 + 0.25 * n as f64]);
+                *c.inner.flat.get().unwrap()
+            },
+        );
+        let want = (3..=8).contains(&n) && wanting < n;
+        assert!(
+            flat.iter().all(|&f| f == want),
+            "{n} ranks, rank {wanting} wanting: {flat:?}"
+        );
+    }
+}
+
+#[test]
+fn flat_collectives_that_do_not_match_fail_on_every_rank() {
+    let errs = job_with(
+        4,
+        Geometry::default(),
+        |c| {
+            c.node_collectives = false;
+            c.flat_collectives = Some(true);
+        },
+        |mut w| {
+            let c = w.comm();
+            let mut v = [1i32; 2];
+            // Rank 2 calls a barrier where the others reduce; rank 3 another operation.
+            let r = match w.rank() {
+                2 => w.barrier(&c),
+                3 => w.allreduce(&c, &mut v, Op::Max),
+                _ => w.allreduce(&c, &mut v, Op::Sum),
+            };
+            let e = r.unwrap_err();
+            assert!(matches!(e, P2pError::CollectiveMismatch(_)), "{e}");
+            // The pair goes on: the next collective that matches works.
+            w.barrier(&c).unwrap();
+            e.to_string()
+        },
+    );
+    assert!(errs[0].contains("rank 2"), "{errs:?}");
+    // Told by rank 0, or finding its answer the wrong length.
+    assert!(errs[1..].iter().all(|e| e.contains("rank 0")), "{errs:?}");
+    assert!(
+        errs[1].contains("rank 0 found that the members' calls differ"),
+        "{errs:?}"
+    );
 }
 
 #[test]

@@ -51,6 +51,10 @@ pub struct World<C: Channel = NemesisChannel> {
     /// How a member waits in a node collective: as the channel waits, for as many
     /// processes on as many CPUs.
     node_wait: WaitPolicy,
+    /// This rank's vote on whether small collectives through messages go through the
+    /// communicator's rank 0 (see `coll.rs`): `NEMESIS_FLAT_COLLECTIVES`, or whether the
+    /// node's processes outnumber its CPUs.
+    pub(crate) flat_vote: bool,
     /// Owned requests dropped by their handles, to let go at the next call.
     pub(crate) mailbox: Arc<Mailbox>,
     /// Scopes made so far: the next one's number (see [`Holder::Scope`]).
@@ -104,6 +108,9 @@ impl<C: Channel> World<C> {
         let all_local = locality.iter().all(|l| *l != Locality::Remote);
         let node_seg = ch.node_segment().filter(|_| cfg.node_collectives);
         let local = locality.iter().filter(|l| **l != Locality::Remote).count() as u32;
+        let flat_vote = cfg
+            .flat_collectives
+            .unwrap_or_else(|| local > crate::channel::usable_cpus());
         let node_wait = match ch.wait_policy() {
             Some(p) => p,
             None => WaitPolicy::from_env(local, crate::channel::usable_cpus())?,
@@ -145,6 +152,7 @@ impl<C: Channel> World<C> {
             eager_to,
             node_seg,
             node_wait,
+            flat_vote,
             mailbox: Arc::default(),
             scopes: 0,
             helper: super::compute::helper_from_env()?,
