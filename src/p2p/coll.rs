@@ -13,8 +13,8 @@
 //! *Flat*: every rank sends to rank 0, which answers each once it has heard from all.
 //! Where the node's processes outnumber its CPUs, each of a logarithmic algorithm's rounds
 //! waits for its peers to be scheduled; gathered at one rank, each process runs about
-//! twice. Among 8 processes on 2 CPUs a barrier took 6.8–7.0 µs that way against
-//! 12.0–13.0 by dissemination, an 8-byte allreduce 7.4–9.0 against 14.2–15.7
+//! twice. Among 8 processes on 2 CPUs a barrier took 6.3–6.6 µs that way against
+//! 11.5–12.3 by dissemination, an 8-byte allreduce 6.5 against 13.6–16.6
 //! (BENCHMARKS.md). Where each process has a CPU, the rounds are cheaper than rank 0's
 //! turn through every message. A communicator's members agree once, on its first
 //! barrier or allreduce through messages, by an exchange of votes (`World::flat_vote`):
