@@ -78,7 +78,9 @@ pub enum Strategy {
     /// node, through a netmod with RDMA).
     Rdma = 5,
     /// Both at once: the receiver reads the first half with `process_vm_readv` while
-    /// the sender writes the second with `process_vm_writev`, so two CPUs copy.
+    /// the sender writes the second with `process_vm_writev`, so two CPUs copy; a
+    /// receiver done with its half before the sender came reads the second half too
+    /// (`nemesis_shm::split`).
     CmaSplit = 6,
 }
 
@@ -297,8 +299,8 @@ pub struct Xfer {
     /// Bytes of the local buffer list to step over before the first move: the part the
     /// peer moves, for the sender of a split transfer, whose `done` starts there.
     pub(crate) skip: usize,
-    /// For a split transfer, whether the peer has said its part is done.
-    peer_done: bool,
+    /// For a split transfer, who moves the second half.
+    pub(crate) split: SplitState,
     /// The peer's buffer, for get and put.
     pub(crate) remote: Vec<(u64, u64)>,
     /// Registrations and reads in flight, for [`Strategy::Rdma`].
@@ -316,7 +318,7 @@ impl Xfer {
             want: total,
             at: Default::default(),
             skip: 0,
-            peer_done: false,
+            split: SplitState::default(),
             remote: Vec::new(),
             rdma: None,
         }
@@ -325,7 +327,7 @@ impl Xfer {
     /// Whether this side has nothing left to do: for the receiver of a split transfer,
     /// its own part moved and the sender's part said to be done.
     pub fn is_complete(&self) -> bool {
-        self.done >= self.want && (self.peer_done || !self.waits_for_peer())
+        self.done >= self.want && (self.split.peer_done || !self.waits_for_peer())
     }
 
     /// Whether this side's own part is moved (or given up).
@@ -340,15 +342,41 @@ impl Xfer {
 
     /// Records that the peer's part of a split transfer is done (its FIN came).
     pub fn peer_finished(&mut self) {
-        self.peer_done = true;
+        self.split.peer_done = true;
     }
 
     /// Stops moving this side's part (a receive let go, or one whose own part failed):
-    /// a split receive then only waits for the peer's word, since the peer may still be
-    /// writing into its buffer.
+    /// a split receive then takes the second half back from its sender if it can, and
+    /// otherwise waits for the sender's word, since the sender may still be writing into
+    /// its buffer.
     pub fn give_up_own_part(&mut self) {
         self.want = self.done;
+        self.split.gave_up = true;
     }
+
+    /// For the sender of a split transfer: whether the receiver took the second half
+    /// back before this side claimed it, so that this side writes nothing, sends no FIN,
+    /// and waits for DONE.
+    pub fn half_taken_back(&self) -> bool {
+        self.split.lost
+    }
+}
+
+/// Who moves a split transfer's second half, as one side knows it
+/// (`nemesis_shm::split`).
+#[derive(Debug, Default)]
+pub(crate) struct SplitState {
+    /// The transfer's number in the receiver's word (0: none).
+    pub id: u32,
+    /// Receiver: the second half is in (the sender's FIN came, or this side took the
+    /// half back and reads it itself).
+    pub peer_done: bool,
+    /// Receiver: the sender claimed the half, so its FIN is to come.
+    pub peer_has_it: bool,
+    /// Receiver: this side's part was given up (let go, or failed).
+    pub gave_up: bool,
+    /// Sender: the receiver took the half back first.
+    pub lost: bool,
 }
 
 /// Large-message transfer as the two-sided layer drives it.
@@ -368,7 +396,10 @@ pub trait Lmt {
 
     /// Starts the receiving side of a transfer of `total` bytes with `strategy`, of
     /// which `cap` fit the buffer. `rts_cookie` is the sender's; what is appended to
-    /// `cts_cookie` goes back in the CTS (for put and cooperative strategies).
+    /// `cts_cookie` goes back in the CTS (for put, split and cooperative strategies).
+    /// The transfer may name another strategy that the RTS cookie serves (a split
+    /// transfer read whole, as `cma`, while another holds the receiver's word); the CTS
+    /// then goes only if that strategy needs one.
     ///
     /// # Errors
     /// A malformed cookie, or a strategy that cannot run here.

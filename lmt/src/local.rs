@@ -4,6 +4,8 @@ use crate::policy::CMA_STEP;
 use crate::stream::RingEnd;
 use crate::{Lmt, Role};
 use crate::{LmtError, Mode, Offer, Policy, Seg, Strategies, Strategy, Xfer, cma, pipe};
+use nemesis_shm::split::SplitClaim;
+use nemesis_shm::variant::Sound;
 use nemesis_shm::{PeerState, Segment};
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -40,6 +42,8 @@ pub struct LocalLmt {
     broken: HashSet<(u32, Strategy)>,
     /// The node's processes outnumber its CPUs (see [`LocalLmt::set_cpus_shared`]).
     cpus_shared: bool,
+    /// The number of this process's last split transfer as a receiver.
+    last_split: u32,
 }
 
 /// Claims `peer`'s receiving end in `ends`, made with `make` on first use: `Some(true)`
@@ -129,6 +133,7 @@ impl LocalLmt {
             pipe_out: HashMap::new(),
             broken: HashSet::new(),
             cpus_shared: false,
+            last_split: 0,
         })
     }
 
@@ -205,6 +210,13 @@ impl LocalLmt {
             }
             other => Err(failed(format!("its process is {other:?}"))),
         }
+    }
+
+    /// The word settling who moves the second half of the split transfers that local
+    /// rank `rank` receives.
+    fn split_word(&self, rank: u32) -> Option<SplitClaim<'_>> {
+        let idx = *self.local_of.get(rank as usize)?;
+        (idx != u32::MAX).then(|| self.seg.split_word(idx).view::<Sound>())
     }
 
     /// Whether this system lets `s` run at all.
@@ -354,11 +366,26 @@ impl Lmt for LocalLmt {
                     return Err(refuse("a receive buffer shorter than the message"));
                 }
                 x.remote = cma::decode(peer, rts_cookie, total)?;
+                // Our word settles who moves the second half; while another split
+                // transfer of ours holds it, this one is read whole, as by cma, and the
+                // sender only waits for DONE.
+                self.last_split = self.last_split.wrapping_add(1).max(1);
+                let id = self.last_split;
+                if !self.split_word(self.me).is_some_and(|w| w.offer(id)) {
+                    x.strategy = Strategy::Cma;
+                    x.want = total;
+                    return Ok(x);
+                }
                 let split = split_at(total);
                 cts_cookie.extend_from_slice(&(split as u64).to_le_bytes());
+                cts_cookie.extend_from_slice(&id.to_le_bytes());
                 if !cma::encode(&cma::first(dst, total), cts_cookie) {
+                    if let Some(w) = self.split_word(self.me) {
+                        w.release(id);
+                    }
                     return Err(refuse("a receive buffer in too many pieces"));
                 }
+                x.split.id = id;
                 x.want = split;
             }
             Strategy::Ring => {
@@ -405,16 +432,30 @@ impl Lmt for LocalLmt {
             }
             Strategy::CmaSplit => {
                 let bad = |why: String| LmtError::BadCookie { peer, why };
-                let split = cts_cookie
-                    .get(..8)
-                    .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
-                    .ok_or_else(|| bad("a split CTS cookie shorter than its split point".into()))?;
+                let (split, id) = cts_cookie
+                    .get(..12)
+                    .map(|b| {
+                        (
+                            u64::from_le_bytes(b[..8].try_into().expect("8 bytes")),
+                            u32::from_le_bytes(b[8..].try_into().expect("4 bytes")),
+                        )
+                    })
+                    .ok_or_else(
+                        || bad("a split CTS cookie shorter than its split point and number".into()),
+                    )?;
                 if split > total as u64 {
                     return Err(bad(format!("a split at byte {split} of a message of {total}")));
                 }
-                x.remote = cma::decode(peer, &cts_cookie[8..], total)?;
+                x.remote = cma::decode(peer, &cts_cookie[12..], total)?;
                 x.done = split as usize;
                 x.skip = split as usize;
+                x.split.id = id;
+                // The receiver may have taken the half back already: then nothing to
+                // write.
+                if !self.split_word(peer).is_some_and(|w| w.claim(id)) {
+                    x.split.lost = true;
+                    x.done = total;
+                }
             }
             Strategy::Ring => {
                 if !self.ring_out.contains_key(&peer) {
@@ -443,6 +484,31 @@ impl Lmt for LocalLmt {
         match (x.strategy, x.role) {
             (Strategy::Chunks, _) => {}
             (Strategy::Rdma, _) => return Err(not_here(x.peer)),
+            (Strategy::CmaSplit, Role::Recv) => {
+                if !x.own_part_done() {
+                    let pid = self.pid(x.peer)?;
+                    // SAFETY: `bufs` is the transfer's buffer (progress's contract).
+                    unsafe { cma::step(pid, x, bufs, CMA_STEP)? };
+                }
+                if x.own_part_done() && !x.split.peer_done && !x.split.peer_has_it {
+                    // Our half is done and the sender has not come: the second half is
+                    // ours to read, unless it claims it first.
+                    let id = x.split.id;
+                    if self.split_word(self.me).is_some_and(|w| w.take_back(id)) {
+                        x.split.peer_done = true;
+                        if !x.split.gave_up {
+                            x.want = x.total;
+                        }
+                    } else {
+                        x.split.peer_has_it = true;
+                    }
+                }
+                if !x.own_part_done() {
+                    let pid = self.pid(x.peer)?;
+                    // SAFETY: as above.
+                    unsafe { cma::step(pid, x, bufs, CMA_STEP)? };
+                }
+            }
             (Strategy::Cma | Strategy::CmaPut | Strategy::CmaSplit, _) => {
                 if !x.own_part_done() {
                     let pid = self.pid(x.peer)?;
@@ -475,6 +541,12 @@ impl Lmt for LocalLmt {
     }
 
     fn end(&mut self, x: &Xfer) {
+        if x.strategy == Strategy::CmaSplit && x.role == Role::Recv && x.split.id != 0 {
+            if let Some(w) = self.split_word(self.me) {
+                w.release(x.split.id);
+            }
+            return;
+        }
         if x.strategy.mode() != Mode::Cooperative || x.strategy == Strategy::Chunks {
             return;
         }
@@ -606,7 +678,7 @@ mod tests {
     }
 
     #[test]
-    fn a_split_transfer_moves_each_part_from_its_own_side_and_waits_for_the_other() {
+    fn a_split_transfer_moves_each_half_from_its_own_side_unless_the_receiver_takes_one_back() {
         let dir = tmpdir("split");
         let (mut tx, mut rx) = pair(&dir);
         if tx.cma_refused().is_some() {
@@ -652,6 +724,35 @@ mod tests {
         tx.end(&txx);
         rx.end(&rxx);
         assert!(a[..] == msg[..a.len()] && b[..] == msg[a.len()..]);
+
+        // A sender that has not come when the receiver's half is done: the receiver
+        // takes the second half back and reads it all, and the sender, coming late,
+        // writes nothing. Meanwhile a second split receive, finding the word held, is
+        // read whole, as by cma.
+        let mut c = vec![0u8; msg.len()];
+        let csegs = [Seg::of_mut(&mut c)];
+        let mut cts1 = Vec::new();
+        let mut rxx = rx
+            .start_recv(0, s, &cookie, msg.len(), msg.len(), &csegs, &mut cts1)
+            .unwrap();
+        let mut d = vec![0u8; msg.len()];
+        let dsegs2 = [Seg::of_mut(&mut d)];
+        let mut cts2 = Vec::new();
+        let mut second = rx
+            .start_recv(0, s, &cookie, msg.len(), msg.len(), &dsegs2, &mut cts2)
+            .unwrap();
+        assert_eq!((second.strategy, cts2.len()), (Strategy::Cma, 0));
+        // SAFETY: as above.
+        unsafe {
+            while !rx.progress(&mut rxx, &csegs).unwrap() {}
+            while !rx.progress(&mut second, &dsegs2).unwrap() {}
+        }
+        assert_eq!(rxx.done, msg.len());
+        let late = tx.start_send(1, s, &cts1, msg.len()).unwrap();
+        assert!(late.half_taken_back() && late.is_complete());
+        rx.end(&rxx);
+        rx.end(&second);
+        assert!(c == msg && d == msg);
 
         // A receive buffer shorter than the message is refused before anything moves.
         let mut short = vec![0u8; 100];

@@ -29,6 +29,7 @@ pub mod region;
 pub mod ring;
 #[cfg(not(loom))]
 pub mod segment;
+pub mod split;
 pub mod sync;
 pub mod variant;
 pub mod wake;

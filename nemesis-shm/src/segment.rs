@@ -16,6 +16,7 @@ use crate::file::{self, CreateError, Mapping};
 use crate::pairbuf::{PIECE, PairBuf, PairHead};
 use crate::queue::{Links, QueueShared};
 use crate::region::{CellAccess, CellMeta, Envelope, FboxAccess, Region, gather};
+use crate::split::SplitWord;
 use crate::sync::{AtomicU32, AtomicU64, CachePadded, Ordering, PAD, UnsafeCell};
 use std::marker::PhantomData;
 use std::mem::{offset_of, size_of};
@@ -27,7 +28,7 @@ use std::time::{Duration, Instant};
 /// The first word of every segment.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"NEMESIS\x01");
 /// Bumped whenever the meaning of the layout changes without its shape changing.
-pub const LAYOUT_VERSION: u32 = 5;
+pub const LAYOUT_VERSION: u32 = 6;
 
 #[repr(C)]
 struct SegHeader {
@@ -62,6 +63,10 @@ struct Control {
 struct ProcInfo {
     pid: AtomicU32,
     state: AtomicU32,
+    _pad: [u64; 7],
+    /// Its split transfers' word (`crate::split`), on a line of its own: its senders
+    /// write it.
+    split: SplitWord,
 }
 
 const ABSENT: u32 = 0;
@@ -118,7 +123,7 @@ const _: () = {
 /// A fingerprint of every shared structure's shape. Builds that disagree refuse to share
 /// a segment rather than corrupt it.
 pub const LAYOUT_HASH: u64 = {
-    let parts: [usize; 30] = [
+    let parts: [usize; 31] = [
         LAYOUT_VERSION as usize,
         size_of::<SegHeader>(),
         offset_of!(SegHeader, nprocs),
@@ -136,6 +141,7 @@ pub const LAYOUT_HASH: u64 = {
         size_of::<ProcSlot>(),
         offset_of!(ProcSlot, free),
         offset_of!(ProcSlot, info),
+        offset_of!(ProcInfo, split),
         size_of::<Doorbell>(),
         size_of::<QueueShared>(),
         size_of::<CellHeader>(),
@@ -607,6 +613,12 @@ impl Segment {
             }
         }
         Ok(())
+    }
+
+    /// The word that settles who moves the second half of local process `p`'s split
+    /// transfers (`crate::split`).
+    pub fn split_word(&self, p: u32) -> &SplitWord {
+        &self.slot(p).info.split
     }
 
     /// What is known of local process `p`.

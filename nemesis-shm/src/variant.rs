@@ -59,12 +59,25 @@ pub trait Variant: 'static {
     const RMA_ATOMIC_RMW: bool = true;
     /// Whether a reader of a counter-word lock backs out when a writer holds or waits.
     const RMA_COUNTER_READER_DEFERS: bool = true;
+    /// Whether a split transfer's receiver takes the second half back with a
+    /// compare-and-swap, which the sender's claim cannot slip between.
+    const SPLIT_TAKE_RMW: bool = true;
 }
 
 /// The correct protocol.
 #[derive(Debug)]
 pub enum Sound {}
 impl Variant for Sound {}
+
+/// Broken: a split transfer's receiver takes the second half back with a load and a
+/// store, so the sender may claim it between them and both move it.
+#[cfg(loom)]
+#[derive(Debug)]
+pub enum SplitTakeByStore {}
+#[cfg(loom)]
+impl Variant for SplitTakeByStore {
+    const SPLIT_TAKE_RMW: bool = false;
+}
 
 /// Broken: a producer links a new cell with a Relaxed store, so the consumer may read
 /// the cell before its contents.

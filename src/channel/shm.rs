@@ -175,7 +175,11 @@ impl ShmChannel {
             port.region().clone(),
             local_of
                 .iter()
-                .map(|&l| if l == NOT_LOCAL { u32::MAX } else { l })
+                .map(|&l| match l {
+                    NOT_LOCAL => u32::MAX,
+                    SELF => local_index,
+                    l => l,
+                })
                 .collect(),
             shm_dir(),
             nemesis_shm::config::job_prefix(job_id),

@@ -462,7 +462,8 @@ fn recv_step(lmt: &mut dyn Lmt, id: u32, rr: &mut RecvReq) -> After {
                 // chunks instead.
                 Err(LmtError::NotPermitted { .. }) => chunks(stage),
                 Ok(x) => {
-                    let mode = strategy.mode();
+                    // The LMT may read a split transfer whole instead (`cma`).
+                    let (strategy, mode) = (x.strategy, x.strategy.mode());
                     *stage = Stage::Lmt(Box::new(x));
                     After {
                         // A put waits for FIN; the others move data from the next chores.
@@ -481,10 +482,12 @@ fn recv_step(lmt: &mut dyn Lmt, id: u32, rr: &mut RecvReq) -> After {
                 // let go is given an empty buffer: it waits for the reads in flight.)
                 Ok(true)
             } else if rr.detached && split {
-                // Let go: stop reading, but wait for the sender, which may still be
-                // writing into the buffer.
+                // Let go: stop reading; take the second half back from the sender if it
+                // has not claimed it, else wait for it, as it may be writing into the
+                // buffer.
                 x.give_up_own_part();
-                Ok(x.is_complete())
+                // SAFETY: an empty list: nothing is read.
+                unsafe { lmt.progress(x, &[]) }
             } else {
                 // SAFETY: the receive buffer is lent (see `Bufs`), or empty once released.
                 unsafe { lmt.progress(x, rr.bufs.segs()) }
@@ -547,6 +550,12 @@ fn send_step(lmt: &mut dyn Lmt, s: &mut SendReq) -> After {
         } => {
             let (recv_id, split) = (*recv_id, strategy.mode() == Mode::Split);
             match lmt.start_send(s.dest, *strategy, cookie, s.len) {
+                Ok(x) if x.half_taken_back() => {
+                    // The receiver reads it all: nothing to write, no FIN, DONE to come.
+                    lmt.end(&x);
+                    s.state = SState::WaitDone;
+                    After::default()
+                }
                 Ok(x) => {
                     s.state = SState::Lmt {
                         recv_id,
