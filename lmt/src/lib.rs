@@ -327,17 +327,14 @@ impl Xfer {
     /// Whether this side has nothing left to do: for the receiver of a split transfer,
     /// its own part moved and the sender's part said to be done.
     pub fn is_complete(&self) -> bool {
-        self.done >= self.want && (self.split.peer_done || !self.waits_for_peer())
+        self.done >= self.want
+            && (self.strategy.mode() != Mode::Split
+                || self.split.exhausted && (self.role == Role::Send || self.split.peer_done))
     }
 
     /// Whether this side's own part is moved (or given up).
     pub fn own_part_done(&self) -> bool {
         self.done >= self.want
-    }
-
-    /// Whether completing this side needs the peer's word that its part is done.
-    fn waits_for_peer(&self) -> bool {
-        self.strategy.mode() == Mode::Split && self.role == Role::Recv
     }
 
     /// Records that the peer's part of a split transfer is done (its FIN came).
@@ -346,37 +343,55 @@ impl Xfer {
     }
 
     /// Stops moving this side's part (a receive let go, or one whose own part failed):
-    /// a split receive then takes the second half back from its sender if it can, and
-    /// otherwise waits for the sender's word, since the sender may still be writing into
-    /// its buffer.
+    /// a split receive then takes every chunk its sender has not, moving none, and waits
+    /// for the sender's word if it took any, since the sender may be writing into its
+    /// buffer.
     pub fn give_up_own_part(&mut self) {
         self.want = self.done;
         self.split.gave_up = true;
     }
 
-    /// For the sender of a split transfer: whether the receiver took the second half
-    /// back before this side claimed it, so that this side writes nothing, sends no FIN,
-    /// and waits for DONE.
+    /// For the sender of a split transfer, once complete: whether the receiver took every
+    /// chunk, so that this side wrote nothing, sends no FIN, and waits for DONE.
     pub fn half_taken_back(&self) -> bool {
-        self.split.lost
+        self.split.exhausted && self.split.took == 0
     }
 }
 
-/// Who moves a split transfer's second half, as one side knows it
+/// Who moves the chunks of a split transfer's second half, as one side knows it
 /// (`nemesis_shm::split`).
 #[derive(Debug, Default)]
 pub(crate) struct SplitState {
     /// The transfer's number in the receiver's word (0: none).
     pub id: u32,
-    /// Receiver: the second half is in (the sender's FIN came, or this side took the
-    /// half back and reads it itself).
+    /// Which of the receiver's words.
+    pub slot: usize,
+    /// Where the second half starts, the bytes of each of its chunks, and how many.
+    pub base: usize,
+    pub chunk: usize,
+    pub chunks: u32,
+    /// Chunks this side took.
+    pub took: u32,
+    /// Every chunk is taken, by one side or the other.
+    pub exhausted: bool,
+    /// Receiver: every chunk is in (the sender took none, or its FIN came).
     pub peer_done: bool,
-    /// Receiver: the sender claimed the half, so its FIN is to come.
+    /// Receiver: the sender took some, so its FIN is to come.
     pub peer_has_it: bool,
     /// Receiver: this side's part was given up (let go, or failed).
     pub gave_up: bool,
-    /// Sender: the receiver took the half back first.
-    pub lost: bool,
+}
+
+impl Xfer {
+    /// Points this side at chunk `k` of its split transfer's second half: the moves
+    /// resume there, past whatever the other side took in between.
+    pub(crate) fn enter_chunk(&mut self, k: u32) {
+        let start = self.split.base + k as usize * self.split.chunk;
+        self.skip += start - self.done;
+        self.done = start;
+        self.want = (start + self.split.chunk).min(self.total);
+        self.split.took += 1;
+    }
 }
 
 /// Large-message transfer as the two-sided layer drives it.

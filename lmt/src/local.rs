@@ -3,8 +3,8 @@
 use crate::policy::CMA_STEP;
 use crate::stream::RingEnd;
 use crate::{Lmt, Role};
-use crate::{LmtError, Mode, Offer, Policy, Seg, Strategies, Strategy, Xfer, cma, pipe};
-use nemesis_shm::split::SplitClaim;
+use crate::{LmtError, Mode, Offer, Policy, Seg, SplitState, Strategies, Strategy, Xfer, cma, pipe};
+use nemesis_shm::split::{self, SLOTS as SPLIT_SLOTS, Side, SplitClaim};
 use nemesis_shm::variant::Sound;
 use nemesis_shm::{PeerState, Segment};
 use std::collections::{HashMap, HashSet};
@@ -44,6 +44,8 @@ pub struct LocalLmt {
     cpus_shared: bool,
     /// The number of this process's last split transfer as a receiver.
     last_split: u32,
+    /// Which of its split-transfer words its receives hold, a bit each.
+    split_slots: u64,
 }
 
 /// Claims `peer`'s receiving end in `ends`, made with `make` on first use: `Some(true)`
@@ -88,11 +90,21 @@ fn not_here(peer: u32) -> LmtError {
     }
 }
 
-/// Where a split transfer of `total` bytes divides: the receiver reads the bytes before
-/// it, the sender writes those from it. At a page boundary near the middle, so that
-/// neither side's copy shares a page with the other's at the cut.
-fn split_at(total: usize) -> usize {
-    (total / 2) & !4095
+/// Bytes of each chunk of a split transfer's second half, at least: small enough that
+/// the receiver, done with its half, shares what its sender has not reached, large
+/// enough that a system call's cost stays small beside its copy.
+const SPLIT_CHUNK: usize = 128 << 10;
+
+/// How a split transfer of `total` bytes is cut: where the second half starts (a page
+/// near the middle: the receiver reads the bytes before it), the bytes of each chunk of
+/// the second half, and how many chunks.
+fn split_geometry(total: usize) -> (usize, usize, u32) {
+    let base = (total / 2) & !4095;
+    let rest = total - base;
+    let chunk = SPLIT_CHUNK
+        .max(rest.div_ceil(split::MAX_CHUNKS as usize))
+        .next_multiple_of(4096);
+    (base, chunk, rest.div_ceil(chunk) as u32)
 }
 
 /// Files this makes are named `<prefix>lmt-<kind>-<from>-<to>`.
@@ -134,14 +146,16 @@ impl LocalLmt {
             broken: HashSet::new(),
             cpus_shared: false,
             last_split: 0,
+            split_slots: 0,
         })
     }
 
     /// Tells automatic selection that the node's processes outnumber its CPUs. It then
-    /// tries the strategies in which one side moves everything (cma, cma-put) before
-    /// those that need both sides at once (cma-split, the ring, vmsplice), which wait
-    /// for the peer to be scheduled: with two processes on one CPU, 256 KiB messages
-    /// moved at 1.05 GB/s by CMA, 0.35 by cma-split and 0.08 by the ring (BENCHMARKS.md).
+    /// tries the strategies that never wait for the peer (cma, cma-put, cma-split, whose
+    /// receiver takes what its sender has not) before those through an intermediate
+    /// buffer (the ring, vmsplice), whose two sides must take turns on it: with two
+    /// processes on one CPU, 256 KiB messages moved at 1.05 GB/s by CMA and by
+    /// cma-split, and 0.08 by the ring (BENCHMARKS.md).
     pub fn set_cpus_shared(&mut self, shared: bool) {
         self.cpus_shared = shared;
     }
@@ -177,7 +191,7 @@ impl LocalLmt {
         let mut order = self.policy.auto_order(len).to_vec();
         if self.cpus_shared {
             // Stable: each group keeps the policy's order.
-            order.sort_by_key(|s| !matches!(s.mode(), Mode::Get | Mode::Put));
+            order.sort_by_key(|s| s.mode() == Mode::Cooperative);
         }
         order
     }
@@ -212,11 +226,13 @@ impl LocalLmt {
         }
     }
 
-    /// The word settling who moves the second half of the split transfers that local
-    /// rank `rank` receives.
-    fn split_word(&self, rank: u32) -> Option<SplitClaim<'_>> {
+    /// Word `slot` of the split transfers that local rank `rank` receives.
+    fn split_word(&self, rank: u32, slot: usize) -> Option<SplitClaim<'_>> {
         let idx = *self.local_of.get(rank as usize)?;
-        (idx != u32::MAX).then(|| self.seg.split_word(idx).view::<Sound>())
+        if idx == u32::MAX {
+            return None;
+        }
+        self.seg.split_word(idx, slot).map(|w| w.view::<Sound>())
     }
 
     /// Whether this system lets `s` run at all.
@@ -366,26 +382,36 @@ impl Lmt for LocalLmt {
                     return Err(refuse("a receive buffer shorter than the message"));
                 }
                 x.remote = cma::decode(peer, rts_cookie, total)?;
-                // Our word settles who moves the second half; while another split
-                // transfer of ours holds it, this one is read whole, as by cma, and the
-                // sender only waits for DONE.
+                // A word of ours settles who moves each chunk of the second half; with
+                // all of them held by other split transfers, this one is read whole, as
+                // by cma, and the sender only waits for DONE.
                 self.last_split = self.last_split.wrapping_add(1).max(1);
                 let id = self.last_split;
-                if !self.split_word(self.me).is_some_and(|w| w.offer(id)) {
+                let slot = (!self.split_slots).trailing_zeros() as usize;
+                if !self.split_word(self.me, slot).is_some_and(|w| w.open(id)) {
                     x.strategy = Strategy::Cma;
                     x.want = total;
                     return Ok(x);
                 }
-                let split = split_at(total);
+                let (split, chunk, chunks) = split_geometry(total);
                 cts_cookie.extend_from_slice(&(split as u64).to_le_bytes());
                 cts_cookie.extend_from_slice(&id.to_le_bytes());
+                cts_cookie.extend_from_slice(&(slot as u32).to_le_bytes());
                 if !cma::encode(&cma::first(dst, total), cts_cookie) {
-                    if let Some(w) = self.split_word(self.me) {
-                        w.release(id);
+                    if let Some(w) = self.split_word(self.me, slot) {
+                        w.close(id);
                     }
                     return Err(refuse("a receive buffer in too many pieces"));
                 }
-                x.split.id = id;
+                self.split_slots |= 1 << slot;
+                x.split = SplitState {
+                    id,
+                    slot,
+                    base: split,
+                    chunk,
+                    chunks,
+                    ..SplitState::default()
+                };
                 x.want = split;
             }
             Strategy::Ring => {
@@ -432,30 +458,29 @@ impl Lmt for LocalLmt {
             }
             Strategy::CmaSplit => {
                 let bad = |why: String| LmtError::BadCookie { peer, why };
-                let (split, id) = cts_cookie
-                    .get(..12)
-                    .map(|b| {
-                        (
-                            u64::from_le_bytes(b[..8].try_into().expect("8 bytes")),
-                            u32::from_le_bytes(b[8..].try_into().expect("4 bytes")),
-                        )
-                    })
-                    .ok_or_else(
-                        || bad("a split CTS cookie shorter than its split point and number".into()),
-                    )?;
-                if split > total as u64 {
-                    return Err(bad(format!("a split at byte {split} of a message of {total}")));
+                let head = cts_cookie
+                    .get(..16)
+                    .ok_or_else(|| bad("a split CTS cookie shorter than its head".into()))?;
+                let word = |i: usize| u32::from_le_bytes(head[i..i + 4].try_into().expect("4 bytes"));
+                let split = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
+                let (id, slot) = (word(8), word(12) as usize);
+                let (base, chunk, chunks) = split_geometry(total);
+                if split != base as u64 || slot >= SPLIT_SLOTS || id == 0 {
+                    return Err(bad(format!(
+                        "a split of {total} bytes at byte {split}, number {id}, word {slot}; \
+                         this side cuts it at {base} and the receiver has {SPLIT_SLOTS} words"
+                    )));
                 }
-                x.remote = cma::decode(peer, &cts_cookie[12..], total)?;
-                x.done = split as usize;
-                x.skip = split as usize;
-                x.split.id = id;
-                // The receiver may have taken the half back already: then nothing to
-                // write.
-                if !self.split_word(peer).is_some_and(|w| w.claim(id)) {
-                    x.split.lost = true;
-                    x.done = total;
-                }
+                x.remote = cma::decode(peer, &cts_cookie[16..], total)?;
+                x.split = SplitState {
+                    id,
+                    slot,
+                    base,
+                    chunk,
+                    chunks,
+                    ..SplitState::default()
+                };
+                x.want = 0;
             }
             Strategy::Ring => {
                 if !self.ring_out.contains_key(&peer) {
@@ -484,32 +509,44 @@ impl Lmt for LocalLmt {
         match (x.strategy, x.role) {
             (Strategy::Chunks, _) => {}
             (Strategy::Rdma, _) => return Err(not_here(x.peer)),
-            (Strategy::CmaSplit, Role::Recv) => {
+            (Strategy::CmaSplit, role) => {
+                let (side, owner) = match role {
+                    Role::Recv => (Side::Receiver, self.me),
+                    Role::Send => (Side::Sender, x.peer),
+                };
+                // Done with what it holds (its half, or a chunk), a side takes the next
+                // chunk; one that gave up takes every one left and moves none.
+                while x.own_part_done() && !x.split.exhausted {
+                    let (id, chunks) = (x.split.id, x.split.chunks);
+                    let Some(w) = self.split_word(owner, x.split.slot) else {
+                        x.split.exhausted = true;
+                        break;
+                    };
+                    match w.take(id, chunks, side) {
+                        Some(_) if x.split.gave_up => {}
+                        Some(k) => x.enter_chunk(k),
+                        None => x.split.exhausted = true,
+                    }
+                }
                 if !x.own_part_done() {
                     let pid = self.pid(x.peer)?;
                     // SAFETY: `bufs` is the transfer's buffer (progress's contract).
                     unsafe { cma::step(pid, x, bufs, CMA_STEP)? };
                 }
-                if x.own_part_done() && !x.split.peer_done && !x.split.peer_has_it {
-                    // Our half is done and the sender has not come: the second half is
-                    // ours to read, unless it claims it first.
-                    let id = x.split.id;
-                    if self.split_word(self.me).is_some_and(|w| w.take_back(id)) {
+                if role == Role::Recv && x.split.exhausted && !x.split.peer_done && !x.split.peer_has_it {
+                    // Every chunk is taken, so the word no longer changes: the sender's
+                    // FIN is to come only if it took some.
+                    let took = self
+                        .split_word(self.me, x.split.slot)
+                        .map_or(0, |w| w.sender_took(x.split.id));
+                    if took == 0 {
                         x.split.peer_done = true;
-                        if !x.split.gave_up {
-                            x.want = x.total;
-                        }
                     } else {
                         x.split.peer_has_it = true;
                     }
                 }
-                if !x.own_part_done() {
-                    let pid = self.pid(x.peer)?;
-                    // SAFETY: as above.
-                    unsafe { cma::step(pid, x, bufs, CMA_STEP)? };
-                }
             }
-            (Strategy::Cma | Strategy::CmaPut | Strategy::CmaSplit, _) => {
+            (Strategy::Cma | Strategy::CmaPut, _) => {
                 if !x.own_part_done() {
                     let pid = self.pid(x.peer)?;
                     // SAFETY: `bufs` is the transfer's buffer (progress's contract).
@@ -542,9 +579,10 @@ impl Lmt for LocalLmt {
 
     fn end(&mut self, x: &Xfer) {
         if x.strategy == Strategy::CmaSplit && x.role == Role::Recv && x.split.id != 0 {
-            if let Some(w) = self.split_word(self.me) {
-                w.release(x.split.id);
+            if let Some(w) = self.split_word(self.me, x.split.slot) {
+                w.close(x.split.id);
             }
+            self.split_slots &= !(1 << x.split.slot);
             return;
         }
         if x.strategy.mode() != Mode::Cooperative || x.strategy == Strategy::Chunks {
@@ -678,7 +716,7 @@ mod tests {
     }
 
     #[test]
-    fn a_split_transfer_moves_each_half_from_its_own_side_unless_the_receiver_takes_one_back() {
+    fn a_split_transfer_s_chunks_go_to_whichever_side_comes_first() {
         let dir = tmpdir("split");
         let (mut tx, mut rx) = pair(&dir);
         if tx.cma_refused().is_some() {
@@ -693,7 +731,11 @@ mod tests {
                 .strategies
                 .has(s)
         );
-        // Into two pieces, so that the cut and the pieces' seam differ.
+        let ssegs = [Seg::of(&msg)];
+
+        // Both sides at work, in turn: the receiver reads its half, the sender takes
+        // chunks of the second from the start, the receiver the rest. Into two pieces,
+        // so that the cut and the pieces' seam differ.
         let mut a = vec![0u8; 1_000_001];
         let mut b = vec![0u8; msg.len() - a.len()];
         let dsegs = [Seg::of_mut(&mut a), Seg::of_mut(&mut b)];
@@ -702,57 +744,65 @@ mod tests {
             .start_recv(0, s, &cookie, msg.len(), msg.len(), &dsegs, &mut cts)
             .unwrap();
         let mut txx = tx.start_send(1, s, &cts, msg.len()).unwrap();
-        let ssegs = [Seg::of(&msg)];
-        // SAFETY: both buffers are live for the whole transfer and used by nothing else.
-        unsafe {
-            while !rx.progress(&mut rxx, &dsegs).unwrap() && !rxx.own_part_done() {}
-            // The receiver's part is moved, but it is not complete without the sender's.
-            assert!(!rx.progress(&mut rxx, &dsegs).unwrap());
-            assert!(
-                rxx.done > 0 && rxx.done < msg.len(),
-                "the receiver moved {}",
-                rxx.done
-            );
-            while !tx.progress(&mut txx, &ssegs).unwrap() {}
-            assert!(!rx.progress(&mut rxx, &dsegs).unwrap());
-            rxx.peer_finished();
-            assert!(rx.progress(&mut rxx, &dsegs).unwrap());
+        let (mut sent, mut got) = (false, false);
+        while !(sent && got) {
+            // SAFETY: both buffers are live for the whole transfer and used by nothing else.
+            unsafe {
+                if !sent && tx.progress(&mut txx, &ssegs).unwrap() {
+                    sent = true;
+                    // Its FIN.
+                    rxx.peer_finished();
+                }
+                got = got || rx.progress(&mut rxx, &dsegs).unwrap();
+            }
         }
-        // The sender moved from the cut to the end; the cut is a page near the middle.
-        assert_eq!((txx.done, rxx.done), (msg.len(), split_at(msg.len())));
-        assert!(rxx.done % 4096 == 0 && rxx.done.abs_diff(msg.len() / 2) < 4096);
+        assert!(!txx.half_taken_back());
+        let (mine, theirs) = (rxx.split.took, txx.split.took);
+        assert!(
+            mine > 0 && theirs > 0 && mine + theirs == rxx.split.chunks,
+            "{mine} + {theirs}"
+        );
         tx.end(&txx);
         rx.end(&rxx);
         assert!(a[..] == msg[..a.len()] && b[..] == msg[a.len()..]);
 
-        // A sender that has not come when the receiver's half is done: the receiver
-        // takes the second half back and reads it all, and the sender, coming late,
-        // writes nothing. Meanwhile a second split receive, finding the word held, is
-        // read whole, as by cma.
+        // A sender that has not come by then: the receiver takes every chunk and is done
+        // without it; the sender, coming late, writes nothing and sends no FIN.
         let mut c = vec![0u8; msg.len()];
         let csegs = [Seg::of_mut(&mut c)];
         let mut cts1 = Vec::new();
         let mut rxx = rx
             .start_recv(0, s, &cookie, msg.len(), msg.len(), &csegs, &mut cts1)
             .unwrap();
+        // A second at the same time has a word of its own.
         let mut d = vec![0u8; msg.len()];
         let dsegs2 = [Seg::of_mut(&mut d)];
         let mut cts2 = Vec::new();
         let mut second = rx
             .start_recv(0, s, &cookie, msg.len(), msg.len(), &dsegs2, &mut cts2)
             .unwrap();
-        assert_eq!((second.strategy, cts2.len()), (Strategy::Cma, 0));
+        assert_eq!(second.strategy, s);
+        assert_ne!(second.split.slot, rxx.split.slot);
         // SAFETY: as above.
         unsafe {
             while !rx.progress(&mut rxx, &csegs).unwrap() {}
             while !rx.progress(&mut second, &dsegs2).unwrap() {}
         }
-        assert_eq!(rxx.done, msg.len());
-        let late = tx.start_send(1, s, &cts1, msg.len()).unwrap();
-        assert!(late.half_taken_back() && late.is_complete());
+        let mut late = tx.start_send(1, s, &cts1, msg.len()).unwrap();
+        // SAFETY: as above; nothing is written.
+        assert!(unsafe { tx.progress(&mut late, &ssegs) }.unwrap());
+        assert!(late.half_taken_back());
         rx.end(&rxx);
         rx.end(&second);
         assert!(c == msg && d == msg);
+        // With every word held, a split receive is read whole, as by cma, with no CTS.
+        rx.split_slots = !0;
+        let mut cts3 = Vec::new();
+        let whole = rx
+            .start_recv(0, s, &cookie, msg.len(), msg.len(), &csegs, &mut cts3)
+            .unwrap();
+        assert_eq!((whole.strategy, cts3.len()), (Strategy::Cma, 0));
+        rx.split_slots = 0;
 
         // A receive buffer shorter than the message is refused before anything moves.
         let mut short = vec![0u8; 100];
@@ -768,10 +818,13 @@ mod tests {
             )
             .unwrap_err();
         assert!(matches!(e, LmtError::NotPermitted { .. }), "{e}");
-        // A CTS whose split point or pieces lie is a bad cookie.
-        let mut past = ((msg.len() + 1) as u64).to_le_bytes().to_vec();
+        // A CTS whose cut, word or pieces lie is a bad cookie.
+        let mut past = ((msg.len() / 2 + 4096) as u64).to_le_bytes().to_vec();
         past.extend_from_slice(&cts[8..]);
-        for bad in [&cts[..5], &past[..], &cts[..cts.len() - 1]] {
+        let mut no_word = cts[..12].to_vec();
+        no_word.extend_from_slice(&(SPLIT_SLOTS as u32).to_le_bytes());
+        no_word.extend_from_slice(&cts[16..]);
+        for bad in [&cts[..5], &past[..], &no_word[..], &cts[..cts.len() - 1]] {
             let e = tx.start_send(1, s, bad, msg.len()).unwrap_err();
             assert!(matches!(e, LmtError::BadCookie { peer: 1, .. }), "{e}");
         }
@@ -787,11 +840,15 @@ mod tests {
         use Strategy::{Cma, CmaPut, CmaSplit, Ring, Vmsplice};
         assert_eq!(rx.auto_order(1 << 20), [Ring, CmaSplit, Vmsplice, CmaPut, Cma]);
         rx.set_cpus_shared(true);
-        assert_eq!(rx.auto_order(1 << 20), [CmaPut, Cma, Ring, CmaSplit, Vmsplice]);
+        assert_eq!(rx.auto_order(1 << 20), [CmaSplit, CmaPut, Cma, Ring, Vmsplice]);
         let all = Strategy::ALL
             .into_iter()
             .fold(Strategies::CHUNKS, Strategies::with);
-        let want = if rx.cma_refused().is_some() { Ring } else { CmaPut };
+        let want = if rx.cma_refused().is_some() {
+            Ring
+        } else {
+            CmaSplit
+        };
         assert_eq!(rx.choose(0, 1 << 20, all), want);
         // A forced strategy is what it is.
         rx.set_policy(Policy {

@@ -1,5 +1,6 @@
-//! A split transfer's second half: moved by the sender or taken back by the receiver,
-//! never both, and never written after the receiver is done with its buffer.
+//! A split transfer's second half: each chunk moved by exactly one side, the receiver
+//! done only once every chunk is in, and a late sender touching nothing of the next
+//! transfer.
 #![cfg(loom)]
 
 mod common;
@@ -7,74 +8,88 @@ mod common;
 use loom::cell::UnsafeCell;
 use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::thread;
-use nemesis_shm::split::SplitWord;
+use nemesis_shm::split::{Side, SplitWord};
 use nemesis_shm::variant::{Sound, SplitTakeByStore, Variant};
 use std::sync::Arc;
 
+const CHUNKS: u32 = 2;
+const ID: u32 = 5;
+
 struct Shared {
     word: SplitWord,
-    /// The second half of the receiver's buffer.
-    half: UnsafeCell<u8>,
+    /// The chunks of the receiver's buffer.
+    chunks: [UnsafeCell<u8>; CHUNKS as usize],
     /// The sender's FIN, which in the real protocol is a packet, with its ordering.
     fin: AtomicBool,
 }
 
-// SAFETY: `half` is written by whichever side holds the half, as the protocol decides;
-// loom checks that the two never overlap.
+// SAFETY: each chunk is written by the side that took it, as the protocol decides; loom
+// checks that the two never overlap.
 unsafe impl Sync for Shared {}
 
-const ID: u32 = 5;
+/// Moves every chunk `side` can take; returns how many it took.
+fn take_all<V: Variant>(s: &Shared, side: Side) -> u32 {
+    let c = s.word.view::<V>();
+    let mut took = 0;
+    while let Some(k) = c.take(ID, CHUNKS, side) {
+        // SAFETY: the take makes chunk `k` ours to move.
+        s.chunks[k as usize].with_mut(|p| unsafe { *p += 1 });
+        took += 1;
+    }
+    took
+}
 
-/// The receiver offers the half, the sender claims it when it comes to it, and the
-/// receiver, done with its own half, takes it back unless claimed; then, once the half
-/// is in, it reads it and frees the word. A second transfer follows, which the first's
-/// late sender must not touch.
+/// The receiver opens the word and both sides take chunks; the receiver waits for FIN
+/// if the sender took any, reads every chunk, closes the word and opens it for the next
+/// transfer, which the first one's sender must leave alone.
 fn transfer<V: Variant>() {
     let s = Arc::new(Shared {
         word: SplitWord::new(),
-        half: UnsafeCell::new(0),
+        chunks: [UnsafeCell::new(0), UnsafeCell::new(0)],
         fin: AtomicBool::new(false),
     });
-    assert!(s.word.view::<V>().offer(ID));
+    let c = s.word.view::<V>();
+    assert!(c.open(ID));
     let s2 = s.clone();
     let sender = thread::spawn(move || {
-        if s2.word.view::<V>().claim(ID) {
-            // SAFETY: the claim makes the half ours until FIN.
-            s2.half.with_mut(|p| unsafe { *p = 1 });
+        if take_all::<V>(&s2, Side::Sender) > 0 {
             s2.fin.store(true, Ordering::Release);
         }
+        // Late: the next transfer's word is not this one's.
+        assert_eq!(s2.word.view::<V>().take(ID, CHUNKS, Side::Sender), None);
     });
-    let c = s.word.view::<V>();
-    if c.take_back(ID) {
-        // SAFETY: taken back: the sender writes nothing.
-        s.half.with_mut(|p| unsafe { *p = 1 });
-    } else {
+    take_all::<V>(&s, Side::Receiver);
+    if c.sender_took(ID) > 0 {
         while !s.fin.load(Ordering::Acquire) {
             thread::yield_now();
         }
     }
     // The receive completes: its buffer goes back to the caller, who reads it.
-    // SAFETY: the half is in, and nobody writes it any more.
-    assert_eq!(s.half.with(|p| unsafe { *p }), 1);
-    c.release(ID);
-    // The next transfer's offer: a late sender of the first finds it not its own.
-    assert!(c.offer(ID + 1));
+    for ch in &s.chunks {
+        // SAFETY: every chunk is in, and nobody writes it any more.
+        assert_eq!(ch.with(|p| unsafe { *p }), 1, "a chunk moved twice or not at all");
+    }
+    c.close(ID);
+    assert!(c.open(ID + 1));
     sender.join().unwrap();
-    // SAFETY: both threads are done.
-    s.half.with_mut(|p| unsafe { *p = 0 });
-    assert!(!c.claim(ID), "a stale claim");
 }
 
 #[test]
-fn split_claim_moves_the_half_once() {
+fn split_chunks_move_once_each() {
     common::model(3, transfer::<Sound>);
 }
 
 #[test]
-fn split_claim_model_catches_a_take_back_by_store() {
+fn split_model_catches_a_take_by_load_and_store() {
     common::must_fail(
         3,
-        &["Causality violation", "causality", "data race", "concurrent"],
+        &[
+            "Causality violation",
+            "causality",
+            "data race",
+            "concurrent",
+            "moved twice",
+        ],
         transfer::<SplitTakeByStore>,
     );
 }

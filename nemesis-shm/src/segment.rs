@@ -64,9 +64,9 @@ struct ProcInfo {
     pid: AtomicU32,
     state: AtomicU32,
     _pad: [u64; 7],
-    /// Its split transfers' word (`crate::split`), on a line of its own: its senders
-    /// write it.
-    split: SplitWord,
+    /// The words of its split transfers (`crate::split`), on lines of their own: its
+    /// senders write them.
+    split: [SplitWord; crate::split::SLOTS],
 }
 
 const ABSENT: u32 = 0;
@@ -115,7 +115,7 @@ const _: () = {
     assert!(size_of::<LaneHead>() == FBOX_RING_HEADER as usize);
     assert!(size_of::<SegHeader>() <= 128);
     assert!(size_of::<Control>() == 4 * 128);
-    assert!(size_of::<ProcSlot>() == 4 * 128);
+    assert!(size_of::<ProcSlot>() == 8 * 128);
     assert!(offset_of!(ProcSlot, recv) == 128);
     assert!(offset_of!(FboxHead, env) + size_of::<Envelope>() == FBOX_HEADER as usize);
 };
@@ -615,10 +615,10 @@ impl Segment {
         Ok(())
     }
 
-    /// The word that settles who moves the second half of local process `p`'s split
-    /// transfers (`crate::split`).
-    pub fn split_word(&self, p: u32) -> &SplitWord {
-        &self.slot(p).info.split
+    /// Word `i` of the split transfers local process `p` receives (`crate::split`);
+    /// `None` past [`crate::split::SLOTS`].
+    pub fn split_word(&self, p: u32, i: usize) -> Option<&SplitWord> {
+        self.slot(p).info.split.get(i)
     }
 
     /// What is known of local process `p`.
@@ -1272,11 +1272,12 @@ mod tests {
     #[test]
     fn default_memory_for_64_processes() {
         let bytes = Segment::bytes_for(64, Geometry::default()).unwrap();
-        // Cells: 64 x 64 x 8 KiB; 64 x 63 rings of a 128-byte head and 4 fastboxes of
+        // Cells: 64 x 64 x 8 KiB; a 1 KiB slot per process (its bell, queues, state and
+        // split-transfer words); 64 x 63 rings of a 128-byte head and 4 fastboxes of
         // 1152 bytes, with room for 3 more after them; eight collective blocks of a
         // 384-byte head and 2 x 64 slots of 272 bytes; 64 x 63 / 2 pair buffers of a
         // 128-byte head and 16 KiB, the largest whose total fits the budget.
-        let fboxes_end = 512 + 64 * 512 + 64 * 63 * (128 + 7 * 1152usize);
+        let fboxes_end = 512 + 64 * 1024 + 64 * 63 * (128 + 7 * 1152usize);
         let colls = 8 * (384 + 2 * 64 * 272);
         let pairs = 64 * 63 / 2 * (128 + (16 << 10));
         assert_eq!(

@@ -1,42 +1,47 @@
-//! Who copies the second half of a split transfer (the LMT's `cma-split`): the sender,
-//! into the receiver's buffer, or the receiver itself.
+//! Who moves each piece of a split transfer's second half (the LMT's `cma-split`): the
+//! sender, writing into the receiver's buffer, or the receiver, reading it.
 //!
 //! In a split transfer the receiver reads the first half of the sender's buffer while
-//! the sender writes the second half into the receiver's. A sender that is busy elsewhere
-//! must not hold the receiver up: once its own half is done, a receiver that still waits
-//! takes the second half back and reads it too, as a plain CMA read would. The two must
-//! never both move it, and the receiver must not hand its buffer back while the sender
-//! may still write into it. One word per receiving process settles it, for one split
-//! transfer of that process at a time (others go by plain CMA):
-//! - the receiver *offers* the half of transfer `id` (a compare-and-swap from free);
-//! - the sender *claims* it before writing (a compare-and-swap from offered); having
-//!   written, it says so in a FIN packet, which orders its writes before the receiver's
-//!   completion;
-//! - a receiver done with its own half *takes it back* (a compare-and-swap from offered)
-//!   and reads it itself; a sender that then finds it taken writes nothing;
-//! - the receiver frees the word when the transfer is over: after the FIN, or after the
-//!   half it took back. A sender that comes late finds another id or none, and writes
-//!   nothing.
+//! the sender writes the second half into the receiver's. The second half is cut into
+//! chunks, and each side takes the next chunk it has not got before moving it, so a
+//! sender that is busy elsewhere holds nothing up (the receiver takes every chunk, as a
+//! plain CMA read would) and a sender that comes at once takes chunks while the receiver
+//! reads its half. Each chunk is moved by exactly one side.
 //!
-//! Exactly one compare-and-swap out of offered succeeds, so exactly one side moves the
-//! half. The bytes themselves move by system calls and are ordered by the packets, not
-//! by this word.
+//! One word per transfer, in a pool of [`SLOTS`] words of the receiving process:
+//! - the receiver *opens* a free word for transfer `id` before its CTS, which names it;
+//! - either side *takes* the next chunk with a compare-and-swap that also counts the
+//!   sender's takes; a take fails once every chunk is taken, or when the word is no
+//!   longer the transfer's (a sender that comes late);
+//! - once every chunk is taken the word no longer changes: the receiver reads how many
+//!   the sender took. None: its buffer is whole. Some: the sender's FIN, sent once its
+//!   chunks are written, is to come, and orders those writes before the receive ends;
+//! - the receiver then *closes* the word, free for its next transfer.
+//!
+//! The bytes move by system calls and are ordered by the packets, not by this word.
 
 use crate::sync::{AtomicU64, Ordering};
 use crate::variant::{Sound, Variant};
 use std::marker::PhantomData;
 
-const OFFERED: u64 = 1 << 32;
-const CLAIMED: u64 = 2 << 32;
-const TAKEN: u64 = 3 << 32;
+/// Words per receiving process: its split transfers at once (more are read whole).
+pub const SLOTS: usize = 64;
 
-/// A receiving process's word, in the segment (zero: free).
+/// Bits of the word: the transfer's number (low 32), the next chunk, the sender's takes.
+const ID_MASK: u64 = u32::MAX as u64;
+const NEXT_SHIFT: u32 = 32;
+const SENDER_SHIFT: u32 = 48;
+
+/// Most chunks a transfer's second half is cut into.
+pub const MAX_CHUNKS: u32 = u16::MAX as u32;
+
+/// One transfer's word, in the segment (zero: free).
 #[repr(C)]
 #[derive(Debug)]
 pub struct SplitWord(AtomicU64);
 
 impl SplitWord {
-    /// A free word (for the loom models and tests; the segment's start zeroed).
+    /// A free word (for the loom models and tests; the segment starts zeroed).
     pub fn new() -> Self {
         Self(AtomicU64::new(0))
     }
@@ -56,6 +61,15 @@ impl Default for SplitWord {
     }
 }
 
+/// Which side takes a chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The sender, which writes the chunk into the receiver's buffer.
+    Sender,
+    /// The receiver, which reads it from the sender's buffer.
+    Receiver,
+}
+
 /// The protocol's steps on one word.
 #[derive(Debug)]
 pub struct SplitClaim<'a, V: Variant = Sound> {
@@ -64,67 +78,64 @@ pub struct SplitClaim<'a, V: Variant = Sound> {
 }
 
 impl<V: Variant> SplitClaim<'_, V> {
-    /// Receiver: offers the second half of transfer `id` to its sender; `false` while
-    /// another split transfer of ours holds the word.
-    pub fn offer(&self, id: u32) -> bool {
+    /// Receiver: opens the word for transfer `id` (not 0); `false` if it is not free.
+    pub fn open(&self, id: u32) -> bool {
+        debug_assert_ne!(id, 0);
         self.word
-            .compare_exchange(0, OFFERED | id as u64, Ordering::Relaxed, Ordering::Relaxed)
+            .compare_exchange(0, id as u64, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok()
     }
 
-    /// Sender: takes the second half of transfer `id` to write; `false` if the receiver
-    /// took it back, or the word is already another transfer's.
-    pub fn claim(&self, id: u32) -> bool {
-        self.word
-            .compare_exchange(
-                OFFERED | id as u64,
-                CLAIMED | id as u64,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            )
-            .is_ok()
-    }
-
-    /// Receiver: takes the second half of transfer `id` back, to read it itself; `false`
-    /// if the sender has claimed it (then its FIN is to come).
-    pub fn take_back(&self, id: u32) -> bool {
-        if V::SPLIT_TAKE_RMW {
-            self.word
-                .compare_exchange(
-                    OFFERED | id as u64,
-                    TAKEN | id as u64,
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
-        } else if self.word.load(Ordering::Relaxed) == OFFERED | id as u64 {
-            self.word.store(TAKEN | id as u64, Ordering::Relaxed);
-            true
-        } else {
-            false
+    /// Takes the next of `chunks` chunks of transfer `id` for `side`: its index, or
+    /// `None` once all are taken or the word is another transfer's.
+    pub fn take(&self, id: u32, chunks: u32, side: Side) -> Option<u32> {
+        let add = match side {
+            Side::Sender => 1 << NEXT_SHIFT | 1 << SENDER_SHIFT,
+            Side::Receiver => 1 << NEXT_SHIFT,
+        };
+        let mut cur = self.word.load(Ordering::Relaxed);
+        loop {
+            let next = (cur >> NEXT_SHIFT & 0xffff) as u32;
+            if cur & ID_MASK != id as u64 || cur == 0 || next >= chunks.min(MAX_CHUNKS) {
+                return None;
+            }
+            if !V::SPLIT_TAKE_RMW {
+                self.word.store(cur + add, Ordering::Relaxed);
+                return Some(next);
+            }
+            match self
+                .word
+                .compare_exchange_weak(cur, cur + add, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return Some(next),
+                Err(now) => cur = now,
+            }
         }
     }
 
-    /// Receiver: frees the word once transfer `id` is over (the sender's FIN came, or the
-    /// receiver took the half back), if it is still that transfer's. Claimed or taken,
-    /// only the receiver writes it; still offered (a transfer abandoned), the sender may
-    /// claim it meanwhile, so that is a compare-and-swap.
-    pub fn release(&self, id: u32) {
-        loop {
-            let cur = self.word.load(Ordering::Relaxed);
-            if cur == 0 || cur & u32::MAX as u64 != id as u64 {
-                return;
-            }
-            if cur != OFFERED | id as u64 {
-                self.word.store(0, Ordering::Relaxed);
-                return;
-            }
-            if self
+    /// Receiver, once a take has failed with every chunk taken: how many the sender
+    /// took (final by then).
+    pub fn sender_took(&self, id: u32) -> u32 {
+        let cur = self.word.load(Ordering::Relaxed);
+        if cur & ID_MASK == id as u64 {
+            (cur >> SENDER_SHIFT) as u32
+        } else {
+            0
+        }
+    }
+
+    /// Receiver: frees the word of transfer `id`, if it is still that transfer's. A
+    /// transfer abandoned before every chunk was taken is closed with a compare-and-swap,
+    /// as its sender may take one meanwhile.
+    pub fn close(&self, id: u32) {
+        let mut cur = self.word.load(Ordering::Relaxed);
+        while cur != 0 && cur & ID_MASK == id as u64 {
+            match self
                 .word
-                .compare_exchange(cur, 0, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
+                .compare_exchange_weak(cur, 0, Ordering::Relaxed, Ordering::Relaxed)
             {
-                return;
+                Ok(_) => return,
+                Err(now) => cur = now,
             }
         }
     }
@@ -135,29 +146,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn one_side_moves_the_half_and_the_word_comes_back() {
+    fn each_chunk_goes_to_one_side_and_the_sender_s_takes_are_counted() {
         let w = SplitWord::new();
         let c = w.view::<Sound>();
-        assert!(c.offer(7));
-        assert!(!c.offer(8), "one split transfer of a receiver at a time");
-        assert!(!c.claim(8), "another transfer's claim");
-        assert!(c.claim(7));
-        assert!(!c.take_back(7), "claimed by the sender");
-        c.release(7);
-        // Taken back before the sender came: the sender then writes nothing.
-        assert!(c.offer(9));
-        assert!(c.take_back(9));
-        assert!(!c.claim(9));
-        c.release(9);
-        // A late sender finds the next transfer's offer, not its own.
-        assert!(c.offer(10));
-        assert!(!c.claim(9));
-        c.release(9);
-        assert!(
-            !c.offer(11),
-            "a stale release leaves the next transfer's word alone"
+        assert_eq!(c.take(7, 3, Side::Sender), None, "not open");
+        assert!(c.open(7));
+        assert!(!c.open(8), "open already");
+        assert_eq!(c.take(8, 3, Side::Sender), None, "another transfer's word");
+        assert_eq!(c.take(7, 3, Side::Sender), Some(0));
+        assert_eq!(c.take(7, 3, Side::Receiver), Some(1));
+        assert_eq!(c.take(7, 3, Side::Sender), Some(2));
+        assert_eq!(c.take(7, 3, Side::Receiver), None);
+        assert_eq!(c.sender_took(7), 2);
+        c.close(7);
+        // A late sender finds the next transfer's word, or none.
+        assert_eq!(c.take(7, 3, Side::Sender), None);
+        assert!(c.open(9));
+        assert_eq!(c.take(7, 3, Side::Sender), None);
+        assert_eq!(
+            (c.take(9, 1, Side::Receiver), c.take(9, 1, Side::Sender)),
+            (Some(0), None)
         );
-        c.release(10);
-        assert!(c.offer(11));
+        assert_eq!(c.sender_took(9), 0);
+        c.close(7);
+        assert!(!c.open(10), "a stale close leaves the word alone");
+        c.close(9);
+        assert!(c.open(10));
     }
 }

@@ -59,8 +59,8 @@ pub trait Variant: 'static {
     const RMA_ATOMIC_RMW: bool = true;
     /// Whether a reader of a counter-word lock backs out when a writer holds or waits.
     const RMA_COUNTER_READER_DEFERS: bool = true;
-    /// Whether a split transfer's receiver takes the second half back with a
-    /// compare-and-swap, which the sender's claim cannot slip between.
+    /// Whether a side of a split transfer takes the next chunk with a compare-and-swap,
+    /// which the other side's take cannot slip between.
     const SPLIT_TAKE_RMW: bool = true;
 }
 
@@ -69,8 +69,8 @@ pub trait Variant: 'static {
 pub enum Sound {}
 impl Variant for Sound {}
 
-/// Broken: a split transfer's receiver takes the second half back with a load and a
-/// store, so the sender may claim it between them and both move it.
+/// Broken: a split transfer's sides take chunks with a load and a store, so both may
+/// take the same chunk and move it at once.
 #[cfg(loom)]
 #[derive(Debug)]
 pub enum SplitTakeByStore {}

@@ -550,12 +550,6 @@ fn send_step(lmt: &mut dyn Lmt, s: &mut SendReq) -> After {
         } => {
             let (recv_id, split) = (*recv_id, strategy.mode() == Mode::Split);
             match lmt.start_send(s.dest, *strategy, cookie, s.len) {
-                Ok(x) if x.half_taken_back() => {
-                    // The receiver reads it all: nothing to write, no FIN, DONE to come.
-                    lmt.end(&x);
-                    s.state = SState::WaitDone;
-                    After::default()
-                }
                 Ok(x) => {
                     s.state = SState::Lmt {
                         recv_id,
@@ -574,7 +568,11 @@ fn send_step(lmt: &mut dyn Lmt, s: &mut SendReq) -> After {
                 Ok(false) => After::KEEP,
                 Ok(true) => {
                     lmt.end(x);
-                    if matches!(x.strategy.mode(), Mode::Put | Mode::Split) {
+                    if split && x.half_taken_back() {
+                        // The receiver took every chunk: nothing written, no FIN.
+                        s.state = SState::WaitDone;
+                        After::default()
+                    } else if matches!(x.strategy.mode(), Mode::Put | Mode::Split) {
                         done(s, recv_id, None, split)
                     } else {
                         s.state = SState::WaitDone;
