@@ -482,8 +482,8 @@ fn recv_step(lmt: &mut dyn Lmt, id: u32, rr: &mut RecvReq) -> After {
                 // let go is given an empty buffer: it waits for the reads in flight.)
                 Ok(true)
             } else if rr.detached && split {
-                // Let go: stop reading; take the second half back from the sender if it
-                // has not claimed it, else wait for it, as it may be writing into the
+                // Let go: stop reading, take every chunk the sender has not (moving none),
+                // and wait for its FIN if it took any, as it may be writing into the
                 // buffer.
                 x.give_up_own_part();
                 // SAFETY: an empty list: nothing is read.
