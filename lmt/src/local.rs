@@ -387,12 +387,20 @@ impl Lmt for LocalLmt {
                 // by cma, and the sender only waits for DONE.
                 self.last_split = self.last_split.wrapping_add(1).max(1);
                 let id = self.last_split;
-                let slot = (!self.split_slots).trailing_zeros() as usize;
-                if !self.split_word(self.me, slot).is_some_and(|w| w.open(id)) {
-                    x.strategy = Strategy::Cma;
-                    x.want = total;
-                    return Ok(x);
-                }
+                // A word left open by a transfer this process abandoned (a world dropped
+                // mid-transfer) stays held, and the next is tried.
+                let slot = loop {
+                    let slot = (!self.split_slots).trailing_zeros() as usize;
+                    match self.split_word(self.me, slot) {
+                        None => {
+                            x.strategy = Strategy::Cma;
+                            x.want = total;
+                            return Ok(x);
+                        }
+                        Some(w) if w.open(id) => break slot,
+                        Some(_) => self.split_slots |= 1 << slot,
+                    }
+                };
                 let (split, chunk, chunks) = split_geometry(total);
                 cts_cookie.extend_from_slice(&(split as u64).to_le_bytes());
                 cts_cookie.extend_from_slice(&id.to_le_bytes());
@@ -803,6 +811,14 @@ mod tests {
             .unwrap();
         assert_eq!((whole.strategy, cts3.len()), (Strategy::Cma, 0));
         rx.split_slots = 0;
+        // A word left open (by a transfer of an earlier world) is passed over.
+        assert!(rx.seg.split_word(1, 0).unwrap().view::<Sound>().open(999));
+        let mut cts4 = Vec::new();
+        let next = rx
+            .start_recv(0, s, &cookie, msg.len(), msg.len(), &csegs, &mut cts4)
+            .unwrap();
+        assert_eq!((next.strategy, next.split.slot), (s, 1));
+        rx.end(&next);
 
         // A receive buffer shorter than the message is refused before anything moves.
         let mut short = vec![0u8; 100];
