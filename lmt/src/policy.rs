@@ -32,8 +32,8 @@ pub const DEFAULT_AUTO: &[Strategy] = &[Strategy::Ring, Strategy::Cma];
 
 /// The default order on Intel CPUs: on the Intel Xeon guests measured (2 and 16 CPUs),
 /// `nemesis-bench calibrate` put CMA ahead of the ring from 256 KiB to 4 MiB, and to
-/// 16 MiB on the larger; with both processes copying at once, CMA moved 1.6–2.3 times
-/// what one did from 256 KiB to 16 MiB on the smaller, and was level at 64 KiB
+/// 16 MiB on the larger; with both processes copying at once, CMA moved 1.6–2.4 times
+/// what one did from 256 KiB to 16 MiB on the smaller, and 1.2 times at 64 KiB
 /// (BENCHMARKS.md).
 pub const INTEL_AUTO: &[Strategy] = &[Strategy::CmaSplit, Strategy::Cma, Strategy::Ring];
 
