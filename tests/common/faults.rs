@@ -4,22 +4,23 @@
 use nemesis::P2pError;
 use std::time::{Duration, Instant};
 
+/// The message's length (`DIES_LEN`, 512 MiB by default) and how long after it starts
+/// the process dies (`DIES_AFTER_MS`, 5 ms by default).
+fn dies_when() -> (usize, Duration) {
+    let var = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
+    (
+        var("DIES_LEN").map_or(512 << 20, |n: u64| n as usize),
+        Duration::from_millis(var("DIES_AFTER_MS").unwrap_or(5)),
+    )
+}
+
 /// Rank 0 starts a large send and exits part way through it, without a goodbye; rank
 /// 1's receive fails with the peer's failure within a bound set by
 /// `NEMESIS_FAILURE_TIMEOUT`, whatever strategy (`NEMESIS_LMT`) moves it. The message
 /// is `DIES_LEN` bytes (512 MiB by default); the sender dies `DIES_AFTER_MS`
 /// milliseconds (5 by default) after starting it.
 pub fn dies_mid_transfer() -> Result<(), String> {
-    let len: usize = std::env::var("DIES_LEN")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(512 << 20);
-    let after = Duration::from_millis(
-        std::env::var("DIES_AFTER_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(5),
-    );
+    let (len, after) = dies_when();
     let mut w = nemesis::init().map_err(|e| e.to_string())?;
     let c = w.comm();
     if w.rank() == 0 {
@@ -75,16 +76,7 @@ pub fn dies_mid_transfer() -> Result<(), String> {
 /// whatever strategy moves it, including those in which the sender writes into the
 /// receiver's memory (`cma-put`, `cma-split`).
 pub fn receiver_dies_mid_transfer() -> Result<(), String> {
-    let len: usize = std::env::var("DIES_LEN")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(512 << 20);
-    let after = Duration::from_millis(
-        std::env::var("DIES_AFTER_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(5),
-    );
+    let (len, after) = dies_when();
     let mut w = nemesis::init().map_err(|e| e.to_string())?;
     let c = w.comm();
     if w.rank() == 1 {
