@@ -908,6 +908,48 @@ fn strategies() -> Vec<Strategy> {
 }
 
 #[test]
+fn a_split_receive_completes_while_its_sender_makes_no_progress() {
+    if nemesis_lmt::cma::probe().is_err() {
+        eprintln!("skipping: CMA is not permitted here");
+        return;
+    }
+    use std::sync::atomic::AtomicU8;
+    // 1: the sender's RTS is out; 2: the receive is complete.
+    let stage = Arc::new(AtomicU8::new(0));
+    let wait_for = |stage: &AtomicU8, want: u8| {
+        let t = std::time::Instant::now();
+        while stage.load(Ordering::Acquire) < want && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        stage.load(Ordering::Acquire) >= want
+    };
+    let len = (3 << 20) + 5;
+    job_forced(2, Strategy::CmaSplit, move |mut w| {
+        let c = w.comm();
+        if w.rank() == 0 {
+            let data = pattern(3, len);
+            w.scope(|s| {
+                let mut r = s.isend(&c, 1, 4, &data).unwrap();
+                // One progress pass puts the RTS out; no CTS can have come yet.
+                assert!(!s.test(&mut r).unwrap());
+                stage.store(1, Ordering::Release);
+                // Busy elsewhere until the receive is done: no progress at all. (Should
+                // it wait for us, the wait ends, and our progress lets it finish.)
+                let alone = wait_for(&stage, 2);
+                assert_eq!(s.wait(r).unwrap().status().len, len);
+                assert!(alone, "the receive waited for its sender");
+            });
+        } else {
+            assert!(wait_for(&stage, 1));
+            let mut buf = vec![0u8; len];
+            assert_eq!(w.recv(&c, 0, 4, &mut buf).unwrap().len, len);
+            assert!(buf == pattern(3, len));
+            stage.store(2, Ordering::Release);
+        }
+    });
+}
+
+#[test]
 fn every_strategy_moves_contiguous_and_scattered_messages_intact() {
     for s in strategies() {
         job_moved_by(s, move |mut w| {
