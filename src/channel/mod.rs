@@ -16,7 +16,7 @@ mod waitset;
 pub use crate::bootstrap::Rank;
 pub use nemesis::{NO_SHM_VAR, NemesisChannel};
 pub use shm::ShmChannel;
-pub use wait::{WaitPolicy, usable_cpus};
+pub use wait::{WaitPolicy, outnumber, usable_cpus};
 
 use nemesis_shm::pairbuf::PairBufs;
 use nemesis_shm::{Envelope, Segment};

@@ -1,7 +1,7 @@
 //! The channel to peers on this node, over the node's shared segment.
 
 use super::pending::Pending;
-use super::wait::{WaitPolicy, usable_cpus};
+use super::wait::{WaitPolicy, outnumber, usable_cpus};
 use super::{Channel, ChannelError, Header, Packet, Rank, SendStatus, SendTicket};
 use crate::bootstrap::{Boot, BootInfo};
 use nemesis_lmt::{LocalLmt, Policy};
@@ -185,7 +185,7 @@ impl ShmChannel {
             nemesis_shm::config::job_prefix(job_id),
             Policy::from_env()?,
         )?;
-        lmt.set_cpus_shared(n as u32 > usable_cpus());
+        lmt.set_cpus_shared(outnumber(n as u32, usable_cpus()));
         Ok(Self {
             port,
             rank,

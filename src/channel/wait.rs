@@ -34,7 +34,7 @@ impl WaitPolicy {
         cpus: u32,
         get: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, ChannelError> {
-        let oversubscribed = local > cpus.max(1);
+        let oversubscribed = outnumber(local, cpus);
         // Measured with `nemesis-bench ring`: 8 processes on 2 CPUs pass a token in about
         // 7 us a hop when waiters yield before sleeping, and about 22 us when they go to
         // sleep at once, since a wake-up across CPUs costs about 20 us on a VM. Spinning
@@ -65,6 +65,12 @@ impl WaitPolicy {
         }
         Ok(p)
     }
+}
+
+/// Whether `local` processes outnumber `cpus` CPUs: the rule behind every default that
+/// changes when they do (waiting, large-message strategies, collectives).
+pub fn outnumber(local: u32, cpus: u32) -> bool {
+    local > cpus.max(1)
 }
 
 /// CPUs the local processes may share, as far as this process can tell: the CPUs it

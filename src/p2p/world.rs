@@ -108,12 +108,13 @@ impl<C: Channel> World<C> {
         let all_local = locality.iter().all(|l| *l != Locality::Remote);
         let node_seg = ch.node_segment().filter(|_| cfg.node_collectives);
         let local = locality.iter().filter(|l| **l != Locality::Remote).count() as u32;
+        let cpus = crate::channel::usable_cpus();
         let flat_vote = cfg
             .flat_collectives
-            .unwrap_or_else(|| local > crate::channel::usable_cpus());
+            .unwrap_or_else(|| crate::channel::outnumber(local, cpus));
         let node_wait = match ch.wait_policy() {
             Some(p) => p,
-            None => WaitPolicy::from_env(local, crate::channel::usable_cpus())?,
+            None => WaitPolicy::from_env(local, cpus)?,
         };
         let node = node_seg
             .clone()
