@@ -92,21 +92,36 @@ impl<C: Channel> World<C> {
         if let Some(&f) = c.flat.get() {
             return Ok(f);
         }
-        let (r, n) = (c.rank, c.ranks.len() as u32);
         let mut vote = [0u8];
-        if FLAT_RANKS.contains(&n) {
+        if FLAT_RANKS.contains(&(c.ranks.len() as u32)) {
             vote[0] = u8::from(self.flat_vote);
-            let t = tag(Kind::Barrier, 1, 0);
-            let mut dist = 1;
-            while dist < n {
-                let mut heard = [0u8];
-                self.coll_sendrecv(c, (r + dist) % n, (r + n - dist) % n, t, &vote, &mut heard)?;
-                vote[0] |= heard[0];
-                dist <<= 1;
-            }
+            self.disseminate(c, tag(Kind::Barrier, 1, 0), &mut vote, |v, heard| {
+                v[0] |= heard[0]
+            })?;
         }
         let _ = c.flat.set(vote[0] != 0);
         Ok(vote[0] != 0)
+    }
+
+    /// The dissemination pattern: in rounds at distances 1, 2, 4…, each rank sends `mine`
+    /// to the rank that far ahead and hands what comes from the rank that far behind to
+    /// `fold`. After the last round every rank has heard, through others, from all.
+    fn disseminate(
+        &mut self,
+        c: &Arc<CommInner>,
+        t: i32,
+        mine: &mut [u8],
+        mut fold: impl FnMut(&mut [u8], &[u8]),
+    ) -> Result<(), P2pError> {
+        let (r, n) = (c.rank, c.ranks.len() as u32);
+        let mut heard = vec![0u8; mine.len()];
+        let mut dist = 1;
+        while dist < n {
+            self.coll_sendrecv(c, (r + dist) % n, (r + n - dist) % n, t, mine, &mut heard)?;
+            fold(mine, &heard);
+            dist <<= 1;
+        }
+        Ok(())
     }
 
     /// The flat form: every other rank sends its `data` to rank 0 with tag `t`; rank 0
@@ -233,17 +248,10 @@ impl<C: Channel> World<C> {
         if let Some(nc) = &c.node {
             return nc.barrier(c, self);
         }
-        let (r, n) = (c.rank, c.ranks.len() as u32);
         if self.flat(c)? {
             return self.flat_gather_release::<u8>(c, tag(Kind::Barrier, 2, 0), &mut [], |_, _| Ok(()));
         }
-        let t = tag(Kind::Barrier, 0, 0);
-        let mut dist = 1;
-        while dist < n {
-            self.coll_sendrecv(c, (r + dist) % n, (r + n - dist) % n, t, &[], &mut [])?;
-            dist <<= 1;
-        }
-        Ok(())
+        self.disseminate(c, tag(Kind::Barrier, 0, 0), &mut [], |_, _| {})
     }
 
     /// Copies `data` from `root` to every rank; all must pass the same length.
