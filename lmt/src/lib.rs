@@ -353,7 +353,7 @@ impl Xfer {
 
     /// For the sender of a split transfer, once complete: whether the receiver took every
     /// chunk, so that this side wrote nothing, sends no FIN, and waits for DONE.
-    pub fn half_taken_back(&self) -> bool {
+    pub fn took_no_chunk(&self) -> bool {
         self.split.exhausted && self.split.took == 0
     }
 }

@@ -95,16 +95,23 @@ fn not_here(peer: u32) -> LmtError {
 /// enough that a system call's cost stays small beside its copy.
 const SPLIT_CHUNK: usize = 128 << 10;
 
-/// How a split transfer of `total` bytes is cut: where the second half starts (a page
-/// near the middle: the receiver reads the bytes before it), the bytes of each chunk of
-/// the second half, and how many chunks.
-fn split_geometry(total: usize) -> (usize, usize, u32) {
+/// The state of split transfer `id` of `total` bytes in word `slot`, cut as both sides
+/// cut it: the second half starts at a page near the middle (the receiver reads the
+/// bytes before it) and is cut into chunks of at least [`SPLIT_CHUNK`] bytes.
+fn split_state(id: u32, slot: usize, total: usize) -> SplitState {
     let base = (total / 2) & !4095;
     let rest = total - base;
     let chunk = SPLIT_CHUNK
         .max(rest.div_ceil(split::MAX_CHUNKS as usize))
         .next_multiple_of(4096);
-    (base, chunk, rest.div_ceil(chunk) as u32)
+    SplitState {
+        id,
+        slot,
+        base,
+        chunk,
+        chunks: rest.div_ceil(chunk) as u32,
+        ..SplitState::default()
+    }
 }
 
 /// Files this makes are named `<prefix>lmt-<kind>-<from>-<to>`.
@@ -401,8 +408,8 @@ impl Lmt for LocalLmt {
                         Some(_) => self.split_slots |= 1 << slot,
                     }
                 };
-                let (split, chunk, chunks) = split_geometry(total);
-                cts_cookie.extend_from_slice(&(split as u64).to_le_bytes());
+                let state = split_state(id, slot, total);
+                cts_cookie.extend_from_slice(&(state.base as u64).to_le_bytes());
                 cts_cookie.extend_from_slice(&id.to_le_bytes());
                 cts_cookie.extend_from_slice(&(slot as u32).to_le_bytes());
                 if !cma::encode(&cma::first(dst, total), cts_cookie) {
@@ -412,15 +419,8 @@ impl Lmt for LocalLmt {
                     return Err(refuse("a receive buffer in too many pieces"));
                 }
                 self.split_slots |= 1 << slot;
-                x.split = SplitState {
-                    id,
-                    slot,
-                    base: split,
-                    chunk,
-                    chunks,
-                    ..SplitState::default()
-                };
-                x.want = split;
+                x.want = state.base;
+                x.split = state;
             }
             Strategy::Ring => {
                 cts_cookie.extend_from_slice(file_name(&self.prefix, "ring", peer, self.me).as_bytes());
@@ -472,22 +472,16 @@ impl Lmt for LocalLmt {
                 let word = |i: usize| u32::from_le_bytes(head[i..i + 4].try_into().expect("4 bytes"));
                 let split = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
                 let (id, slot) = (word(8), word(12) as usize);
-                let (base, chunk, chunks) = split_geometry(total);
-                if split != base as u64 || slot >= SPLIT_SLOTS || id == 0 {
+                let state = split_state(id, slot, total);
+                if split != state.base as u64 || slot >= SPLIT_SLOTS || id == 0 {
                     return Err(bad(format!(
                         "a split of {total} bytes at byte {split}, number {id}, word {slot}; \
-                         this side cuts it at {base} and the receiver has {SPLIT_SLOTS} words"
+                         this side cuts it at {} and the receiver has {SPLIT_SLOTS} words",
+                        state.base
                     )));
                 }
                 x.remote = cma::decode(peer, &cts_cookie[16..], total)?;
-                x.split = SplitState {
-                    id,
-                    slot,
-                    base,
-                    chunk,
-                    chunks,
-                    ..SplitState::default()
-                };
+                x.split = state;
                 x.want = 0;
             }
             Strategy::Ring => {
@@ -764,7 +758,7 @@ mod tests {
                 got = got || rx.progress(&mut rxx, &dsegs).unwrap();
             }
         }
-        assert!(!txx.half_taken_back());
+        assert!(!txx.took_no_chunk());
         let (mine, theirs) = (rxx.split.took, txx.split.took);
         assert!(
             mine > 0 && theirs > 0 && mine + theirs == rxx.split.chunks,
@@ -799,7 +793,7 @@ mod tests {
         let mut late = tx.start_send(1, s, &cts1, msg.len()).unwrap();
         // SAFETY: as above; nothing is written.
         assert!(unsafe { tx.progress(&mut late, &ssegs) }.unwrap());
-        assert!(late.half_taken_back());
+        assert!(late.took_no_chunk());
         rx.end(&rxx);
         rx.end(&second);
         assert!(c == msg && d == msg);

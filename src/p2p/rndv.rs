@@ -568,7 +568,7 @@ fn send_step(lmt: &mut dyn Lmt, s: &mut SendReq) -> After {
                 Ok(false) => After::KEEP,
                 Ok(true) => {
                     lmt.end(x);
-                    if split && x.half_taken_back() {
+                    if split && x.took_no_chunk() {
                         // The receiver took every chunk: nothing written, no FIN.
                         s.state = SState::WaitDone;
                         After::default()
