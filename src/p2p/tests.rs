@@ -461,6 +461,36 @@ fn collectives_up_to_eight(node: bool, flat: Option<bool>) {
 }
 
 #[test]
+fn collective_settings_are_read_and_bad_ones_named() {
+    let read =
+        |k: &'static str, v: &'static str| Config::from_lookup(8160, |q| (q == k).then(|| v.to_string()));
+    for (v, want) in [
+        ("auto", None),
+        ("", None),
+        (" 1 ", Some(true)),
+        ("0", Some(false)),
+    ] {
+        assert_eq!(
+            read("NEMESIS_FLAT_COLLECTIVES", v).unwrap().flat_collectives,
+            want,
+            "{v:?}"
+        );
+    }
+    assert_eq!(
+        Config::from_lookup(8160, |_| None).unwrap().flat_collectives,
+        None
+    );
+    assert!(!read("NEMESIS_NODE_COLLECTIVES", "0").unwrap().node_collectives);
+    for (k, v) in [
+        ("NEMESIS_FLAT_COLLECTIVES", "yes"),
+        ("NEMESIS_NODE_COLLECTIVES", "2"),
+    ] {
+        let e = read(k, v).unwrap_err();
+        assert!(e.to_string().contains(k), "{e}");
+    }
+}
+
+#[test]
 fn members_agree_on_flat_collectives_when_any_wants_them() {
     for (n, wanting) in [(2u32, 1u32), (3, 0), (3, 2), (4, 99), (5, 1), (8, 7), (9, 1)] {
         let flat = job_with(
