@@ -6,7 +6,7 @@
 use super::comm::ReqComm;
 use super::matching::{Body, Matching, Posted, Unexpected};
 use super::medium::{self, Assembly, Medium, Step};
-use super::requests::{Bufs, Holder, RState, RecvReq, Req, Requests, SState};
+use super::requests::{Bufs, RState, RecvReq, Req, Requests, SState};
 use super::rndv::{self, Rndv};
 use super::wire::{self, CTS, DATA, DONE, EAGER, FIN, MDATA, MEDIUM, REVOKE, REVOKED, RTS, Rts, ctrl};
 use super::{P2pError, Status};
@@ -71,10 +71,11 @@ impl Engine {
         self.chores = true;
     }
 
-    /// Handles one arrived packet of the protocol (taken apart, so that it travels in
-    /// registers).
+    /// Handles one arrived packet of the protocol. The header is borrowed where the poll
+    /// left it: a copy by value is a 16-byte load of the poll's narrower stores, which
+    /// the CPU cannot forward (a stall of about a dozen cycles a packet).
     #[inline(never)]
-    pub(crate) fn handle(&mut self, src: u32, h: Header, payload: &[u8]) {
+    pub(crate) fn handle(&mut self, src: u32, h: &Header, payload: &[u8]) {
         if self.medium.interrupted_by(src) && (h.kind != MDATA || self.medium.paired_from(src)) {
             self.interrupted(src);
         }
@@ -85,10 +86,10 @@ impl Engine {
                 return;
             }
             RTS => {
-                self.on_rts(src, h, payload);
+                self.on_rts(src, *h, payload);
                 Ok(())
             }
-            MEDIUM => self.on_medium(src, h, payload),
+            MEDIUM => self.on_medium(src, *h, payload),
             MDATA => self.on_mdata(src, payload),
             CTS => self.rndv.on_cts(&mut self.reqs, src, h.aux, payload),
             DATA => self
@@ -414,29 +415,23 @@ impl Engine {
         Ok(id)
     }
 
-    /// Starts a receive into `bufs` (`cap` bytes) of (`ctx`, `src`, `tag`): matched at
-    /// once against an unexpected message, or posted. Returns the request, which may
-    /// already be complete (and, if owned, already told and forgotten).
+    /// Starts the receive that `make` builds, of (`ctx`, `src`, `tag`): matched at once
+    /// against an unexpected message, or posted. Returns the request, which may already
+    /// be complete (and, if owned, already told and forgotten).
+    ///
+    /// The request is built from its parts where it goes: parts built earlier and moved
+    /// in are wide loads of narrower stores, which the CPU cannot forward.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn start_recv(
         &mut self,
-        bufs: Bufs,
-        cap: usize,
-        comm: ReqComm,
-        src: Option<u32>,
-        holder: Holder,
+        make: impl FnOnce() -> RecvReq,
         ctx: u32,
+        src: Option<u32>,
         tag: Option<i32>,
     ) -> Result<u32, P2pError> {
         // The request goes in first: if the table is full, a waiting message stays where
-        // it is; and it is built in its slot rather than moved there.
-        let id = self.reqs.insert_with(|| {
-            Req::Recv(RecvReq {
-                holder,
-                ..RecvReq::new(bufs, cap, comm, src)
-            })
-        })?;
+        // it is.
+        let id = self.reqs.insert_with(|| Req::Recv(make()))?;
         match self.matching.take_unexpected(ctx, src, tag) {
             Some(Unexpected {
                 src,
@@ -575,7 +570,7 @@ impl Engine {
     }
 
     /// Takes the result of a complete request and forgets it.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn finish(&mut self, id: u32) -> Result<Status, P2pError> {
         match self.reqs.take_result(id) {
             Some(Some(r)) => r.map_err(|e| *e),
@@ -591,7 +586,9 @@ impl Engine {
     }
 }
 
-/// Copies an eager payload into a receive buffer and completes the receive.
+/// Copies an eager payload into a receive buffer and completes the receive. Inline: a
+/// call spills the request and the payload to memory and loads them back.
+#[inline(always)]
 pub(crate) fn deliver_eager(rr: &mut RecvReq, src: u32, tag: i32, data: &[u8]) {
     // SAFETY: the buffer is lent (see `Bufs`) and not otherwise in use.
     unsafe { rr.bufs.write_at(0, data) };
@@ -640,7 +637,7 @@ mod tests {
             tag: 5,
             ..Header::default()
         };
-        e.handle(1, h, b"hello");
+        e.handle(1, &h, b"hello");
         for _ in 0..MAX_REQUESTS {
             e.reqs
                 .insert(Req::Recv(RecvReq::new(Bufs::NONE, 0, ReqComm::Identity, None)))
@@ -648,12 +645,9 @@ mod tests {
         }
         let err = e
             .start_recv(
-                Bufs::NONE,
-                8,
-                ReqComm::Identity,
-                Some(1),
-                Holder::Call,
+                || RecvReq::new(Bufs::NONE, 8, ReqComm::Identity, Some(1)),
                 0,
+                Some(1),
                 Some(5),
             )
             .unwrap_err();

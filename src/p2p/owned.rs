@@ -453,9 +453,9 @@ impl<C: Channel> World<C> {
             src.into(),
             tag,
             c.ctx,
-            Bufs::One(seg),
+            || Bufs::One(seg),
             seg.len,
-            Holder::Owned(owner),
+            move || Holder::Owned(owner),
         )?;
         Ok(self.handle(slot, id))
     }

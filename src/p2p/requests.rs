@@ -361,7 +361,7 @@ impl Requests {
 
     /// Takes the result of request `id` and forgets the request, dropping it in place
     /// rather than moving it out.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn take_result(&mut self, id: u32) -> Option<Outcome> {
         let i = self.index(id)?;
         let slot = &mut self.slots[i];

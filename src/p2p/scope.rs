@@ -236,6 +236,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
 
     /// Starts sending `buf` to rank `dest` of `comm`. `buf` stays borrowed until the
     /// request is finished.
+    #[inline]
     pub fn isend(
         &'scope self,
         comm: &Comm,
@@ -258,6 +259,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
     }
 
     /// Starts receiving a message from `src` with `tag` into `buf`.
+    #[inline]
     pub fn irecv(
         &'scope self,
         comm: &Comm,
@@ -277,9 +279,9 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
             src.into(),
             tag,
             c.ctx,
-            Bufs::One(Seg::of_mut(buf)),
+            || Bufs::One(Seg { ptr, len }),
             len,
-            self.holder(),
+            || self.holder(),
         )?;
         Ok(self.request(&w, id, Kind::Recv, (0, 0), ptr, len))
     }
@@ -318,7 +320,15 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
             World::<C>::check_tag(t)?;
         }
         let seg = Seg { ptr: buf, len };
-        let id = w.start_recv(c, src.into(), tag, c.ctx, Bufs::One(seg), len, self.holder())?;
+        let id = w.start_recv(
+            c,
+            src.into(),
+            tag,
+            c.ctx,
+            || Bufs::One(seg),
+            len,
+            || self.holder(),
+        )?;
         Ok(self.request(&w, id, Kind::Recv, (0, 0), std::ptr::null_mut(), len))
     }
 
@@ -365,7 +375,15 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         }
         let segs: Box<[Seg]> = bufs.into_iter().map(Seg::of_mut).collect();
         let len = segs.iter().map(|s| s.len).sum();
-        let id = w.start_recv(c, src.into(), tag, c.ctx, Bufs::Many(segs), len, self.holder())?;
+        let id = w.start_recv(
+            c,
+            src.into(),
+            tag,
+            c.ctx,
+            || Bufs::Many(segs),
+            len,
+            || self.holder(),
+        )?;
         Ok(self.request(&w, id, Kind::Recv, (0, 0), std::ptr::null_mut(), len))
     }
 

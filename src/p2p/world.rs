@@ -68,7 +68,7 @@ pub struct World<C: Channel = NemesisChannel> {
 #[inline(always)]
 fn dispatch(eng: &mut Engine, others: &mut Others<'_>, p: Packet<'_>) {
     if ProtocolId::of(p.header.kind) == ProtocolId::P2P {
-        eng.handle(p.src, p.header, p.payload)
+        eng.handle(p.src, &p.header, p.payload)
     } else {
         others.dispatch(p);
         // Its outbox waits for the chores.
@@ -766,20 +766,23 @@ impl<C: Channel> World<C> {
     /// Starts a receive into `bufs` (lent to the engine until the request completes or is
     /// released). Returns the request, which may already be complete.
     #[allow(clippy::too_many_arguments)]
-    #[inline]
+    #[inline(always)]
     pub(crate) fn start_recv(
         &mut self,
         comm: &Arc<CommInner>,
         src: Option<u32>,
         tag: Option<i32>,
         ctx: u32,
-        bufs: Bufs,
+        bufs: impl FnOnce() -> Bufs,
         cap: usize,
-        holder: Holder,
+        holder: impl FnOnce() -> Holder,
     ) -> Result<u32, P2pError> {
         let src = Self::src_sel(comm, src)?;
-        let c = super::comm::ReqComm::of(comm);
-        let id = self.eng.start_recv(bufs, cap, c, src, holder, ctx, tag)?;
+        let make = || RecvReq {
+            holder: holder(),
+            ..RecvReq::new(bufs(), cap, super::comm::ReqComm::of(comm), src)
+        };
+        let id = self.eng.start_recv(make, ctx, src, tag)?;
         self.settle()?;
         Ok(id)
     }
@@ -930,14 +933,15 @@ impl<C: Channel> World<C> {
         tag: Option<i32>,
         buf: &mut [u8],
     ) -> Result<Status, P2pError> {
+        let (ptr, len) = (buf.as_mut_ptr(), buf.len());
         let id = self.start_recv(
             c,
             src,
             tag,
             ctx,
-            Bufs::One(Seg::of_mut(buf)),
-            buf.len(),
-            Holder::Call,
+            || Bufs::One(Seg { ptr, len }),
+            len,
+            || Holder::Call,
         )?;
         self.block_on(id)
     }
@@ -1124,14 +1128,15 @@ impl<C: Channel> World<C> {
         recv_tag: Option<i32>,
         recv: &mut [u8],
     ) -> Result<Status, P2pError> {
+        let (ptr, len) = (recv.as_mut_ptr(), recv.len());
         let rid = self.start_recv(
             c,
             src,
             recv_tag,
             ctx,
-            Bufs::One(Seg::of_mut(recv)),
-            recv.len(),
-            Holder::Call,
+            || Bufs::One(Seg { ptr, len }),
+            len,
+            || Holder::Call,
         )?;
         let sid = match self.start_send(c, dest, send_tag, ctx, send, Holder::Call) {
             Ok(s) => s,
@@ -1189,7 +1194,15 @@ impl<C: Channel> World<C> {
         }
         let segs: Box<[Seg]> = bufs.iter_mut().map(|b| Seg::of_mut(b)).collect();
         let len = segs.iter().map(|s| s.len).sum();
-        let id = self.start_recv(&c, src.into(), tag, c.ctx, Bufs::Many(segs), len, Holder::Call)?;
+        let id = self.start_recv(
+            &c,
+            src.into(),
+            tag,
+            c.ctx,
+            || Bufs::Many(segs),
+            len,
+            || Holder::Call,
+        )?;
         self.block_on(id)
     }
 
