@@ -42,6 +42,8 @@ pub(crate) struct ScopeState {
     number: u64,
     /// Requests dropped unfinished, to release at the next call.
     dropped: RefCell<Vec<u32>>,
+    /// Whether `dropped` holds any: one load on every call instead of a borrow.
+    any_dropped: Cell<bool>,
     /// Requests of this scope that the engine still knows and nobody has finished or
     /// dropped: when none, the scope's end has nothing to look for.
     unfinished: Cell<usize>,
@@ -101,6 +103,7 @@ impl Request<'_> {
     fn let_go(&mut self) {
         self.state.unfinished.set(self.state.unfinished.get() - 1);
         self.state.dropped.borrow_mut().push(self.id);
+        self.state.any_dropped.set(true);
     }
 }
 
@@ -146,6 +149,7 @@ impl<C: Channel> World<C> {
             state: ScopeState {
                 number: self.scopes,
                 dropped: RefCell::default(),
+                any_dropped: Cell::new(false),
                 unfinished: Cell::new(0),
             },
             world: RefCell::new(self),
@@ -162,17 +166,24 @@ impl<C: Channel> World<C> {
 
 impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
     /// The world, for blocking operations and collectives inside the scope.
+    #[inline(always)]
     pub fn world(&self) -> RefMut<'_, &'env mut World<C>> {
         let mut w = self.world.borrow_mut();
         self.release_dropped(&mut w);
         w
     }
 
-    #[inline]
+    #[inline(always)]
     fn release_dropped(&self, w: &mut World<C>) {
-        if self.state.dropped.borrow().is_empty() {
-            return;
+        if self.state.any_dropped.get() {
+            self.release_dropped_now(w);
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn release_dropped_now(&self, w: &mut World<C>) {
+        self.state.any_dropped.set(false);
         let dropped = std::mem::take(&mut *self.state.dropped.borrow_mut());
         for id in dropped {
             w.release(id);

@@ -750,7 +750,10 @@ impl<C: Channel> World<C> {
         Ok(())
     }
 
-    /// Starts a send of `buf`, lent for the request's life.
+    /// Starts a send of `buf`, lent for the request's life. An eager message to a member
+    /// goes here, inline, as a blocking send's does; anything else through
+    /// [`World::start_send_bufs`], out of line.
+    #[inline(always)]
     pub(crate) fn start_send(
         &mut self,
         comm: &Arc<CommInner>,
@@ -760,6 +763,19 @@ impl<C: Channel> World<C> {
         buf: &[u8],
         holder: Holder,
     ) -> Result<Option<u32>, P2pError> {
+        if let Some(&d) = comm.ranks.get(dest as usize)
+            && buf.len() <= self.eager_to.get(d as usize).copied().unwrap_or(0)
+        {
+            let h = Header {
+                kind: EAGER,
+                context: ctx,
+                tag,
+                aux: 0,
+                flags: 0,
+            };
+            self.core.ch.send_bytes(d, h, buf)?;
+            return Ok(None);
+        }
         self.start_send_bufs(comm, dest, tag, ctx, Bufs::One(Seg::of(buf)), buf.len(), holder)
     }
 
