@@ -400,6 +400,9 @@ impl<R: Region, V: Variant> Port<R, V> {
             let mut run = 0;
             while run < FBOX_RUN && take_fbox::<R, V, F>(region, peer, b.fbox_cap, b.fbox_slots, &mut f) {
                 run += 1;
+                if run >= 2 {
+                    fetch_ahead(region, peer);
+                }
             }
             got += run;
         }
@@ -710,6 +713,24 @@ fn take_fbox<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
         }
     }
     true
+}
+
+/// How many boxes past the next one a receiver that is behind asks for.
+const AHEAD: u64 = 4;
+
+/// Asks for the first line of the box [`AHEAD`] boxes past the next one of `peer`'s
+/// ring, for reading. Only a receiver that has taken two messages in a row in one poll
+/// does: it is behind its sender, whose boxes ahead are written, and each message it
+/// takes costs enough that the miss on the next box's sequence word would not overlap
+/// with the one before. A receiver that keeps up does not, so as not to take lines its
+/// sender is writing.
+#[inline(always)]
+fn fetch_ahead<R: Region>(region: &R, peer: &Peer<R>) {
+    if let Some(r) = &peer.boxes {
+        // SAFETY: a key of this region; the index is masked into the ring, and the box
+        // is only fetched, not read.
+        unsafe { region.fbox_at(region.box_key(r.inn, r.taken + AHEAD)) }.fetch();
+    }
 }
 
 /// Clears the sequence words of the boxes of ring `inn` that the message of `len` bytes

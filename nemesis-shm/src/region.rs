@@ -57,6 +57,10 @@ pub trait FboxAccess<'a>: Copy {
     fn prepare(self, len: usize, skip_first: bool) {
         let _ = (len, skip_first);
     }
+    /// Asks the CPU for the box's first line, for reading, without waiting for it: a
+    /// receiver that expects the next message there. A hint only.
+    #[inline(always)]
+    fn fetch(self) {}
     /// Writes to the box without publishing anything: a sender that expects to fill the
     /// box soon takes its cache line for writing now, off the path of the message.
     ///

@@ -798,6 +798,10 @@ impl<'a> FboxAccess<'a> for SegFbox<'a> {
         crate::prefetch::for_write(self.head.cast::<u8>().wrapping_add(skip * 64), lines - skip);
     }
     #[inline(always)]
+    fn fetch(self) {
+        crate::prefetch::for_read(self.head.cast::<u8>());
+    }
+    #[inline(always)]
     unsafe fn claim(self) {
         // SAFETY: the caller owns the box; its receiver reads the length only after the
         // sequence word publishes a message, which this does not.
