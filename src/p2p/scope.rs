@@ -278,22 +278,36 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         tag: impl Into<Option<i32>>,
         buf: &'scope mut [u8],
     ) -> Result<Request<'scope>, P2pError> {
+        let (ptr, len) = (buf.as_mut_ptr(), buf.len());
+        self.post_recv(
+            comm,
+            src.into(),
+            tag.into(),
+            || Bufs::One(Seg { ptr, len }),
+            len,
+            ptr,
+        )
+    }
+
+    /// Posts a receive of up to `len` bytes into the buffers `bufs` makes: what `irecv`
+    /// and its kin share. `ptr` is the one buffer the [`Done`] lends back, or null for
+    /// none.
+    #[inline(always)]
+    fn post_recv(
+        &'scope self,
+        comm: &Comm,
+        src: Option<u32>,
+        tag: Option<i32>,
+        bufs: impl FnOnce() -> Bufs,
+        len: usize,
+        ptr: *mut u8,
+    ) -> Result<Request<'scope>, P2pError> {
         let mut w = self.world();
         let c = w.check_comm(comm)?;
-        let tag = tag.into();
         if let Some(t) = tag {
             World::<C>::check_tag(t)?;
         }
-        let (ptr, len) = (buf.as_mut_ptr(), buf.len());
-        let id = w.start_recv(
-            c,
-            src.into(),
-            tag,
-            c.ctx,
-            || Bufs::One(Seg { ptr, len }),
-            len,
-            || self.holder(),
-        )?;
+        let id = w.start_recv(c, src, tag, c.ctx, bufs, len, || self.holder())?;
         Ok(self.request(&w, id, Kind::Recv, (0, 0), ptr, len))
     }
 
@@ -324,23 +338,15 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
                 "a null receive buffer of {len} bytes"
             )));
         }
-        let mut w = self.world();
-        let c = w.check_comm(comm)?;
-        let tag = tag.into();
-        if let Some(t) = tag {
-            World::<C>::check_tag(t)?;
-        }
         let seg = Seg { ptr: buf, len };
-        let id = w.start_recv(
-            c,
+        self.post_recv(
+            comm,
             src.into(),
-            tag,
-            c.ctx,
+            tag.into(),
             || Bufs::One(seg),
             len,
-            || self.holder(),
-        )?;
-        Ok(self.request(&w, id, Kind::Recv, (0, 0), std::ptr::null_mut(), len))
+            std::ptr::null_mut(),
+        )
     }
 
     /// Starts sending the concatenation of `bufs` to rank `dest` of `comm`, without
@@ -378,24 +384,16 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         tag: impl Into<Option<i32>>,
         bufs: impl IntoIterator<Item = &'scope mut [u8]>,
     ) -> Result<Request<'scope>, P2pError> {
-        let mut w = self.world();
-        let c = w.check_comm(comm)?;
-        let tag = tag.into();
-        if let Some(t) = tag {
-            World::<C>::check_tag(t)?;
-        }
         let segs: Box<[Seg]> = bufs.into_iter().map(Seg::of_mut).collect();
         let len = segs.iter().map(|s| s.len).sum();
-        let id = w.start_recv(
-            c,
+        self.post_recv(
+            comm,
             src.into(),
-            tag,
-            c.ctx,
+            tag.into(),
             || Bufs::Many(segs),
             len,
-            || self.holder(),
-        )?;
-        Ok(self.request(&w, id, Kind::Recv, (0, 0), std::ptr::null_mut(), len))
+            std::ptr::null_mut(),
+        )
     }
 
     fn check_world(w: &World<C>, r: &Request<'_>) -> Result<(), P2pError> {

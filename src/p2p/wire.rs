@@ -48,6 +48,18 @@ pub(crate) const FAILED: u8 = 1;
 /// The bytes of an RTS before the cookie.
 pub(crate) const RTS_HEAD: usize = 9;
 
+/// An eager message's header.
+#[inline(always)]
+pub(crate) fn eager(ctx: u32, tag: i32) -> Header {
+    Header {
+        kind: EAGER,
+        context: ctx,
+        tag,
+        aux: 0,
+        flags: 0,
+    }
+}
+
 /// A control packet's header: only the kind and the request it is for.
 pub(crate) fn ctrl(kind: u16, aux: u32) -> Header {
     Header {

@@ -612,13 +612,7 @@ impl<C: Channel> World<C> {
                 .copied()
                 .unwrap_or(self.cfg.eager_limit)
         {
-            let h = Header {
-                kind: EAGER,
-                context: ctx,
-                tag,
-                aux: 0,
-                flags: 0,
-            };
+            let h = wire::eager(ctx, tag);
             match &bufs {
                 Bufs::One(s) if !s.ptr.is_null() => {
                     // SAFETY: the caller lends the buffer for this call.
@@ -766,13 +760,7 @@ impl<C: Channel> World<C> {
         if let Some(&d) = comm.ranks.get(dest as usize)
             && buf.len() <= self.eager_to.get(d as usize).copied().unwrap_or(0)
         {
-            let h = Header {
-                kind: EAGER,
-                context: ctx,
-                tag,
-                aux: 0,
-                flags: 0,
-            };
+            let h = wire::eager(ctx, tag);
             self.core.ch.send_bytes(d, h, buf)?;
             return Ok(None);
         }
@@ -831,17 +819,7 @@ impl<C: Channel> World<C> {
         if buf.len() <= self.cfg.eager_limit
             && let Some(&d) = c.ranks.get(dest as usize)
         {
-            return match self.core.ch.send_bytes(
-                d,
-                Header {
-                    kind: EAGER,
-                    context: ctx,
-                    tag,
-                    aux: 0,
-                    flags: 0,
-                },
-                buf,
-            ) {
+            return match self.core.ch.send_bytes(d, wire::eager(ctx, tag), buf) {
                 Ok(_) => Ok(()),
                 Err(e) => Err(e.into()),
             };
