@@ -953,11 +953,15 @@ fn partner() -> Result<()> {
                         // osu_bw's receiver: the whole window posted into one buffer.
                         let (p, n) = (sinks[0].as_mut_ptr(), size as usize);
                         w.scope(|s| {
-                            let reqs = (0..window)
+                            // As osu_bw's array of requests, made before the window,
+                            // and as the sender's: collected from an iterator of
+                            // results, the requests were moved three times each.
+                            let mut reqs = Vec::with_capacity(window as usize);
+                            for _ in 0..window {
                                 // SAFETY: the buffer outlives the scope, and only these
                                 // receives touch it until the scope ends.
-                                .map(|_| unsafe { s.irecv_raw(&c, 0, 1, p, n) })
-                                .collect::<std::result::Result<Vec<_>, nemesis::P2pError>>()?;
+                                reqs.push(unsafe { s.irecv_raw(&c, 0, 1, p, n) }?);
+                            }
                             s.waitall(reqs).map(|_| ())
                         })
                         .map_err(other)?;
