@@ -590,17 +590,8 @@ impl Engine {
 /// call spills the request and the payload to memory and loads them back.
 #[inline(always)]
 pub(crate) fn deliver_eager(rr: &mut RecvReq, src: u32, tag: i32, data: &[u8]) {
-    match &rr.bufs {
-        // One buffer, the usual case, copied here rather than through a call.
-        Bufs::One(s) if !s.ptr.is_null() => {
-            // SAFETY: the buffer is lent (see `Bufs`) for its `len` bytes, and not
-            // otherwise in use.
-            let dst = unsafe { std::slice::from_raw_parts_mut(s.ptr, s.len) };
-            nemesis_shm::region::copy_into(dst, data);
-        }
-        // SAFETY: as above.
-        b => unsafe { b.write_at(0, data) },
-    }
+    // SAFETY: the buffer is lent (see `Bufs`) and not otherwise in use.
+    unsafe { rr.bufs.write_at(0, data) };
     complete_recv(rr, src, tag, data.len());
 }
 

@@ -34,10 +34,12 @@ impl Bufs {
         }
     }
 
-    /// Writes `data` at byte `off`, dropping what falls past the end.
+    /// Writes `data` at byte `off`, dropping what falls past the end. Inline for one
+    /// piece, the usual case (an eager receive's copy); a list goes out of line.
     ///
     /// # Safety
     /// The buffer must be lent (see the type) and not otherwise in use.
+    #[inline(always)]
     pub(crate) unsafe fn write_at(&self, off: usize, data: &[u8]) {
         if let Bufs::One(s) = self {
             if off < s.len && !s.ptr.is_null() {
@@ -47,6 +49,16 @@ impl Bufs {
             }
             return;
         }
+        // SAFETY: as for this function.
+        unsafe { self.write_at_many(off, data) }
+    }
+
+    /// [`Bufs::write_at`] for a list of pieces.
+    ///
+    /// # Safety
+    /// As for [`Bufs::write_at`].
+    #[inline(never)]
+    unsafe fn write_at_many(&self, off: usize, data: &[u8]) {
         let mut at = nemesis_shm::ring::SegCursor::default();
         at.walk(self.segs(), off, |_, _| {});
         let mut put = 0;

@@ -278,15 +278,8 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         tag: impl Into<Option<i32>>,
         buf: &'scope mut [u8],
     ) -> Result<Request<'scope>, P2pError> {
-        let (ptr, len) = (buf.as_mut_ptr(), buf.len());
-        self.post_recv(
-            comm,
-            src.into(),
-            tag.into(),
-            || Bufs::One(Seg { ptr, len }),
-            len,
-            ptr,
-        )
+        let seg = Seg::of_mut(buf);
+        self.post_recv(comm, src.into(), tag.into(), || Bufs::One(seg), seg.len, seg.ptr)
     }
 
     /// Posts a receive of up to `len` bytes into the buffers `bufs` makes: what `irecv`

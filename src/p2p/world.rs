@@ -927,16 +927,8 @@ impl<C: Channel> World<C> {
         tag: Option<i32>,
         buf: &mut [u8],
     ) -> Result<Status, P2pError> {
-        let (ptr, len) = (buf.as_mut_ptr(), buf.len());
-        let id = self.start_recv(
-            c,
-            src,
-            tag,
-            ctx,
-            || Bufs::One(Seg { ptr, len }),
-            len,
-            || Holder::Call,
-        )?;
+        let seg = Seg::of_mut(buf);
+        let id = self.start_recv(c, src, tag, ctx, || Bufs::One(seg), seg.len, || Holder::Call)?;
         self.block_on(id)
     }
 
@@ -1122,16 +1114,8 @@ impl<C: Channel> World<C> {
         recv_tag: Option<i32>,
         recv: &mut [u8],
     ) -> Result<Status, P2pError> {
-        let (ptr, len) = (recv.as_mut_ptr(), recv.len());
-        let rid = self.start_recv(
-            c,
-            src,
-            recv_tag,
-            ctx,
-            || Bufs::One(Seg { ptr, len }),
-            len,
-            || Holder::Call,
-        )?;
+        let seg = Seg::of_mut(recv);
+        let rid = self.start_recv(c, src, recv_tag, ctx, || Bufs::One(seg), seg.len, || Holder::Call)?;
         let sid = match self.start_send(c, dest, send_tag, ctx, send, Holder::Call) {
             Ok(s) => s,
             Err(e) => {
