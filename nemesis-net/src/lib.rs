@@ -36,6 +36,7 @@ pub mod config;
 pub mod dgram;
 mod drops;
 pub mod gate;
+pub mod landing;
 pub mod pinned;
 pub mod rdma;
 pub mod reliable;
@@ -48,6 +49,7 @@ pub mod verbs;
 pub mod verbs_wire;
 
 pub use drops::{DropReason, Drops};
+pub use landing::{Land, Sink};
 pub use rdma::Rdma;
 
 use std::os::fd::BorrowedFd;
@@ -252,6 +254,9 @@ pub struct NetStats {
     pub packets_sent: u64,
     /// Packets handed up by `poll`.
     pub packets_received: u64,
+    /// Of those, packets whose payload was read straight into the receiver's buffer
+    /// (tcp; see [`landing`]).
+    pub packets_landed: u64,
     /// Segments sent again (udp).
     pub retransmits: u64,
     /// Duplicate segments received and dropped (udp).
@@ -295,6 +300,16 @@ pub trait Netmod: Send + std::fmt::Debug {
     /// # Errors
     /// Only failures of the netmod itself (its socket or epoll instance).
     fn poll(&mut self, sink: &mut dyn FnMut(u32, &Envelope, &[u8])) -> Result<usize, NetError>;
+
+    /// [`Netmod::poll`], offering a long packet to `sink` while its payload arrives, so
+    /// that it can be written straight into the receiver's buffer (see [`landing`]). The
+    /// default offers none.
+    ///
+    /// # Errors
+    /// As for [`Netmod::poll`].
+    fn poll_landing(&mut self, sink: &mut dyn Sink) -> Result<usize, NetError> {
+        self.poll(&mut |src, env, payload| sink.packet(src, env, payload))
+    }
 
     /// Blocks until a poll may find something (input, room for queued output, or a timer
     /// due) or `timeout` passes, and says whether a poll may find something. With

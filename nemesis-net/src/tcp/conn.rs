@@ -1,14 +1,16 @@
 //! One connection: where it is in its life, what it has read and not yet used, and the
 //! queue of bytes owed to its peer.
 
-use super::frame::{FRAME_HEADER_LEN, Frame, FrameKind, decode_frame, describe_bad_frame, u32_at};
+use super::frame::{
+    FRAME_HEADER_LEN, Frame, FrameKind, decode_frame, decode_header, describe_bad_frame, u32_at,
+};
 use super::handshake::{Challenge, Hello};
 use super::{INITIAL_INPUT, READ_BUDGET};
-use crate::{DropReason, Envelope};
+use crate::{DropReason, Envelope, Land, Sink};
 use std::collections::VecDeque;
-use std::io::{self, Read};
+use std::io::{self, IoSliceMut, Read};
 use std::net::{SocketAddr, TcpStream};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Bytes waiting to be written to one peer, with the packet boundaries in them so that
 /// the backlog counts packets.
@@ -123,6 +125,8 @@ pub(super) struct Conn {
     pub(super) events: u32,
     /// A write failed: the connection is going, and reading it will say how.
     pub(super) broken: bool,
+    /// The last packet read was long enough to land: so may the next be.
+    pub(super) long_last: bool,
 }
 
 impl Conn {
@@ -130,12 +134,15 @@ impl Conn {
         self.addr.map_or_else(|| "a connection".into(), |a| a.to_string())
     }
 
-    /// Reads once into the free part of the input buffer; 0 is the end of the stream.
+    /// Reads once into the free part of the input buffer, at most `most` bytes; 0 is the
+    /// end of the stream.
     /// Also says whether the read filled that part, so that more may be waiting.
-    pub(super) fn fill(&mut self) -> io::Result<(usize, bool)> {
+    pub(super) fn fill(&mut self, most: usize) -> io::Result<(usize, bool)> {
         let Some(room) = self.input.get_mut(self.end..).filter(|r| !r.is_empty()) else {
             return Err(io::ErrorKind::WouldBlock.into());
         };
+        let n = most.min(room.len());
+        let room = &mut room[..n];
         let want = room.len();
         let n = (&self.stream).read(room)?;
         self.end += n;
@@ -157,14 +164,19 @@ pub(super) enum Inbound {
     Bad(DropReason, String),
 }
 
-/// Reads what `c` has, up to the read budget, and hands every whole packet to
-/// `sink` in place.
+/// Reads what `c` has, up to the read budget, and hands every whole packet from `rank` to
+/// `sink` in place; a packet longer than [`LAND_MIN`] is first offered to a sink that
+/// [lands](Sink::lands) while its payload arrives. Also counts the packets handed up and,
+/// of those, the ones landed.
 pub(super) fn read_frames(
     c: &mut Conn,
     max_payload: usize,
-    sink: &mut dyn FnMut(&Envelope, &[u8]),
-) -> Inbound {
+    rank: u32,
+    sink: &mut dyn Sink,
+) -> (Inbound, Handed) {
     let mut budget = READ_BUDGET;
+    let mut handed = Handed::default();
+    let lands = sink.lands();
     // A read that did not fill the buffer took everything the socket had: asking again
     // would only cost a system call to hear "would block". Epoll reports what comes next.
     let mut drained = false;
@@ -172,7 +184,27 @@ pub(super) fn read_frames(
         loop {
             let avail = c.input.get(c.start..c.end).unwrap_or(&[]);
             match decode_frame(avail, max_payload) {
-                Frame::NeedMore => break,
+                Frame::NeedMore => {
+                    let Some((env, len)) = lands.then(|| arriving_packet(avail, max_payload)).flatten()
+                    else {
+                        break;
+                    };
+                    c.long_last = true;
+                    let mut land = ConnLand {
+                        c: &mut *c,
+                        len,
+                        failed: None,
+                    };
+                    if sink.arriving(rank, &env, len, &mut land) {
+                        handed.packets += 1;
+                        handed.landed += 1;
+                        continue;
+                    }
+                    if let Some(failed) = land.failed {
+                        return (failed, handed);
+                    }
+                    break;
+                }
                 Frame::Packet {
                     kind,
                     env,
@@ -180,12 +212,14 @@ pub(super) fn read_frames(
                     len_total,
                 } => {
                     c.start += len_total;
+                    c.long_last = len_total - FRAME_HEADER_LEN > LAND_MIN;
                     if kind == FrameKind::Goodbye {
-                        return Inbound::Goodbye;
+                        return (Inbound::Goodbye, handed);
                     }
-                    sink(&env, avail.get(payload).unwrap_or(&[]));
+                    handed.packets += 1;
+                    sink.packet(rank, &env, avail.get(payload).unwrap_or(&[]));
                 }
-                Frame::Bad(r) => return Inbound::Bad(r, describe_bad_frame(avail, max_payload)),
+                Frame::Bad(r) => return (Inbound::Bad(r, describe_bad_frame(avail, max_payload)), handed),
             }
         }
         if c.start == c.end {
@@ -206,21 +240,132 @@ pub(super) fn read_frames(
             }
         }
         if budget == 0 || drained {
-            return Inbound::Drained;
+            return (Inbound::Drained, handed);
         }
-        match c.fill() {
+        // Before a frame's header is read, a sink that lands long packets has only the
+        // first bytes read here after a long one, so that the rest of another long one
+        // can go straight to it.
+        let most = if lands && c.long_last && c.end - c.start < FRAME_HEADER_LEN {
+            LAND_FIRST
+        } else {
+            usize::MAX
+        };
+        match c.fill(most) {
             Ok((0, _)) => {
-                return Inbound::Eof {
-                    partial: c.end > c.start,
-                };
+                return (
+                    Inbound::Eof {
+                        partial: c.end > c.start,
+                    },
+                    handed,
+                );
             }
             Ok((n, full)) => {
                 budget = budget.saturating_sub(n);
                 drained = !full;
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Inbound::Drained,
-            Err(e) => return Inbound::Error(e),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return (Inbound::Drained, handed),
+            Err(e) => return (Inbound::Error(e), handed),
         }
+    }
+}
+
+/// What [`read_frames`] handed up.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Handed {
+    pub(super) packets: usize,
+    pub(super) landed: usize,
+}
+
+/// Packets with more payload than this are offered to a landing sink while they arrive.
+/// Landing saves a copy of the payload and costs a read: measured over loopback, 64 and
+/// 128 KiB ping-pongs gained 8–15 %, 32 KiB nothing, and 16 KiB lost 5 %.
+pub(super) const LAND_MIN: usize = 16 << 10;
+
+/// After a packet that long, a landing sink has at most this much read before the next
+/// header: the rest of a long packet then comes straight into its buffer, and a short
+/// one still comes whole.
+const LAND_FIRST: usize = 4 << 10;
+
+/// How long a landing waits for the rest of a payload without a byte coming before it
+/// gives up, leaving the packet to come the usual way.
+const LAND_PATIENCE: Duration = Duration::from_micros(200);
+
+/// The envelope and payload length of the packet whose header begins `avail` but whose
+/// payload has not all come, if it is long enough to land.
+fn arriving_packet(avail: &[u8], max_payload: usize) -> Option<(Envelope, usize)> {
+    match decode_header(avail, max_payload) {
+        Ok(Some((FrameKind::Packet, env, len))) if len > LAND_MIN && avail.len() < FRAME_HEADER_LEN + len => {
+            Some((env, len))
+        }
+        _ => None,
+    }
+}
+
+/// The rest of the frame at the front of a connection's input, for a [`Sink`].
+struct ConnLand<'c> {
+    c: &'c mut Conn,
+    len: usize,
+    /// How the connection failed while landing.
+    failed: Option<Inbound>,
+}
+
+impl Land for ConnLand<'_> {
+    fn land(&mut self, buf: &mut [u8]) -> bool {
+        if buf.len() != self.len || self.failed.is_some() {
+            return false;
+        }
+        let c = &mut *self.c;
+        let at = c.start + FRAME_HEADER_LEN;
+        let had = c.end - at;
+        buf[..had].copy_from_slice(&c.input[at..c.end]);
+        let mut got = had;
+        // What the reads bring past the packet goes behind it in the input buffer, at most
+        // a header's worth and a little: a stream of long packets then costs a read each,
+        // and the next one's payload still lands.
+        let spare = (c.input.len() - c.end).min(LAND_FIRST);
+        let mut past = 0;
+        let mut last = Instant::now();
+        let mut tries = 0u32;
+        while got < self.len {
+            let (rest, behind) = (&mut buf[got..], &mut c.input[c.end..c.end + spare]);
+            match (&c.stream).read_vectored(&mut [IoSliceMut::new(rest), IoSliceMut::new(behind)]) {
+                Ok(0) => {
+                    self.failed = Some(Inbound::Eof { partial: true });
+                    break;
+                }
+                Ok(n) => {
+                    past = n.saturating_sub(self.len - got);
+                    got = (got + n).min(self.len);
+                    tries = 0;
+                    last = Instant::now();
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    tries += 1;
+                    if tries % 16 == 0 && last.elapsed() > LAND_PATIENCE {
+                        break;
+                    }
+                    core::hint::spin_loop();
+                }
+                Err(e) => {
+                    self.failed = Some(Inbound::Error(e));
+                    break;
+                }
+            }
+        }
+        if got == self.len {
+            c.start = c.end;
+            c.end += past;
+            return true;
+        }
+        // Not all of it came: what did is kept for the usual way, behind what was there.
+        let more = got - had;
+        if c.input.len() < c.end + more {
+            c.input.resize(c.end + more, 0);
+        }
+        c.input[c.end..c.end + more].copy_from_slice(&buf[had..got]);
+        c.end += more;
+        false
     }
 }

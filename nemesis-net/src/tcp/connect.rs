@@ -9,7 +9,7 @@ use super::handshake::{
 };
 use super::sock::{accept_nonblocking, not_now};
 use super::{ACCEPTS_PER_POLL, MAX_PAYLOAD_VAR, NAME, TcpNetmod, after};
-use crate::{DropReason, Envelope, auth};
+use crate::{DropReason, Sink, auth};
 use std::io::Write;
 use std::ops::Range;
 use std::time::Instant;
@@ -106,7 +106,7 @@ impl TcpNetmod {
         let Some(c) = self.conns.get_mut(&cid) else {
             return Ok(None);
         };
-        match c.fill().map(|(n, _)| n) {
+        match c.fill(usize::MAX).map(|(n, _)| n) {
             Ok(0) if c.end > c.start => return Err("closed in the middle of the handshake".into()),
             Ok(0) => return Err("closed the connection".into()),
             Err(e) if !not_now(&e) => return Err(e.to_string()),
@@ -179,7 +179,7 @@ impl TcpNetmod {
     }
 
     /// An accepted connection has something to read: its hello, we hope.
-    pub(super) fn on_hello(&mut self, cid: u64, sink: &mut dyn FnMut(u32, &Envelope, &[u8])) -> usize {
+    pub(super) fn on_hello(&mut self, cid: u64, sink: &mut dyn Sink) -> usize {
         let Some(who) = self.conns.get(&cid).map(Conn::who) else {
             return 0;
         };
@@ -266,7 +266,7 @@ impl TcpNetmod {
     }
 
     /// Our connection has something to read: the reply to our hello, we hope.
-    pub(super) fn on_reply(&mut self, cid: u64, sink: &mut dyn FnMut(u32, &Envelope, &[u8])) -> usize {
+    pub(super) fn on_reply(&mut self, cid: u64, sink: &mut dyn Sink) -> usize {
         let (rank, who) = match self.conns.get(&cid) {
             Some(Conn { peer: Some(r), .. }) => (*r, self.conns[&cid].who()),
             _ => return 0,

@@ -52,32 +52,47 @@ pub fn encode_frame_header(kind: FrameKind, env: &Envelope, len: u32) -> [u8; FR
 
 /// The frame at the start of `buf`, whose payload may be at most `max_payload` bytes.
 pub fn decode_frame(buf: &[u8], max_payload: usize) -> Frame {
-    let (Some(len), Some(kind), Some(e0), Some(e1)) =
-        (u32_at(buf, 0), u32_at(buf, 4), u64_at(buf, 8), u64_at(buf, 16))
-    else {
-        return Frame::NeedMore;
+    let (kind, env, len) = match decode_header(buf, max_payload) {
+        Ok(Some(h)) => h,
+        Ok(None) => return Frame::NeedMore,
+        Err(r) => return Frame::Bad(r),
     };
-    let len = len as usize;
-    if len > max_payload {
-        return Frame::Bad(DropReason::Oversized);
-    }
-    let kind = match kind {
-        0 => FrameKind::Packet,
-        1 if len == 0 => FrameKind::Goodbye,
-        _ => return Frame::Bad(DropReason::Malformed),
-    };
-    let Some(len_total) = FRAME_HEADER_LEN.checked_add(len) else {
-        return Frame::Bad(DropReason::Oversized);
-    };
+    let len_total = FRAME_HEADER_LEN + len;
     if buf.len() < len_total {
         return Frame::NeedMore;
     }
     Frame::Packet {
         kind,
-        env: [e0, e1],
+        env,
         payload: FRAME_HEADER_LEN..len_total,
         len_total,
     }
+}
+
+/// The kind, envelope and payload length the frame header at the start of `buf` says,
+/// once it is all there: `None` before.
+///
+/// # Errors
+/// A header no sender of ours writes.
+pub fn decode_header(
+    buf: &[u8],
+    max_payload: usize,
+) -> Result<Option<(FrameKind, Envelope, usize)>, DropReason> {
+    let (Some(len), Some(kind), Some(e0), Some(e1)) =
+        (u32_at(buf, 0), u32_at(buf, 4), u64_at(buf, 8), u64_at(buf, 16))
+    else {
+        return Ok(None);
+    };
+    let len = len as usize;
+    if len > max_payload || len > usize::MAX - FRAME_HEADER_LEN {
+        return Err(DropReason::Oversized);
+    }
+    let kind = match kind {
+        0 => FrameKind::Packet,
+        1 if len == 0 => FrameKind::Goodbye,
+        _ => return Err(DropReason::Malformed),
+    };
+    Ok(Some((kind, [e0, e1], len)))
 }
 
 /// What a bad frame header says, for logs and failure reasons.
@@ -124,10 +139,16 @@ mod tests {
     proptest! {
         #[test]
         fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..128), max in 0usize..64) {
-            if let Frame::Packet { payload, len_total, .. } = decode_frame(&bytes, max) {
-                prop_assert_eq!(payload.start, FRAME_HEADER_LEN);
-                prop_assert_eq!(payload.end, len_total);
-                prop_assert!(len_total <= bytes.len() && payload.len() <= max);
+            let header = decode_header(&bytes, max);
+            match decode_frame(&bytes, max) {
+                Frame::Packet { kind, env, payload, len_total } => {
+                    prop_assert_eq!(payload.start, FRAME_HEADER_LEN);
+                    prop_assert_eq!(payload.end, len_total);
+                    prop_assert!(len_total <= bytes.len() && payload.len() <= max);
+                    prop_assert_eq!(header, Ok(Some((kind, env, payload.len()))));
+                }
+                Frame::Bad(r) => prop_assert_eq!(header, Err(r)),
+                Frame::NeedMore => prop_assert!(header.is_ok()),
             }
         }
 
@@ -151,6 +172,13 @@ mod tests {
             }
             for cut in 0..whole {
                 prop_assert_eq!(decode_frame(&buf[..cut], 300), Frame::NeedMore);
+                // The header alone says the frame once it is all there.
+                let header = decode_header(&buf[..cut], 300).unwrap();
+                if cut >= FRAME_HEADER_LEN {
+                    prop_assert_eq!(header, Some((kind, env, payload.len())));
+                } else {
+                    prop_assert_eq!(header, None);
+                }
             }
             if !payload.is_empty() {
                 prop_assert_eq!(decode_frame(&buf, payload.len() - 1), Frame::Bad(DropReason::Oversized));

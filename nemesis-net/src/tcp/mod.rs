@@ -53,7 +53,7 @@ use sock::{connect_nonblocking, not_now, send_vectored, tune};
 
 use crate::gate;
 use crate::sys::{Epoll, cvt, millis};
-use crate::{Accept, Cards, DropReason, Drops, Envelope, Identity, NetError, NetStats, Netmod, addr};
+use crate::{Accept, Cards, DropReason, Drops, Envelope, Identity, NetError, NetStats, Netmod, Sink, addr};
 use std::cell::Cell;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -305,6 +305,7 @@ impl TcpNetmod {
                 deadline: Some(deadline),
                 events,
                 broken: false,
+                long_last: false,
             },
         );
         Ok(cid)
@@ -463,7 +464,7 @@ impl TcpNetmod {
     }
 
     /// Makes `cid` the connection of `rank`, writes what is queued and reads what came.
-    fn become_up(&mut self, cid: u64, rank: u32, sink: &mut dyn FnMut(u32, &Envelope, &[u8])) -> usize {
+    fn become_up(&mut self, cid: u64, rank: u32, sink: &mut dyn Sink) -> usize {
         let p = self.peer(rank);
         p.up = Some(cid);
         if p.dialing == Some(cid) {
@@ -484,7 +485,7 @@ impl TcpNetmod {
     }
 
     /// Reads an established connection and hands up its packets.
-    fn read_up(&mut self, cid: u64, sink: &mut dyn FnMut(u32, &Envelope, &[u8])) -> usize {
+    fn read_up(&mut self, cid: u64, sink: &mut dyn Sink) -> usize {
         let max = self.cfg.max_payload;
         let Some(c) = self.conns.get_mut(&cid) else {
             return 0;
@@ -492,12 +493,10 @@ impl TcpNetmod {
         let Some(rank) = c.peer else {
             return 0;
         };
-        let mut handed = 0;
-        let outcome = read_frames(c, max, &mut |env, payload| {
-            handed += 1;
-            sink(rank, env, payload);
-        });
-        self.stats.packets_received += handed as u64;
+        let (outcome, handed) = read_frames(c, max, rank, sink);
+        self.stats.packets_received += handed.packets as u64;
+        self.stats.packets_landed += handed.landed as u64;
+        let handed = handed.packets;
         let reason = match outcome {
             Inbound::Drained => return handed,
             Inbound::Goodbye => "it left the job (it said goodbye)".to_string(),
@@ -522,7 +521,7 @@ impl TcpNetmod {
     }
 
     /// Handles what epoll said about one connection.
-    fn on_event(&mut self, cid: u64, flags: u32, sink: &mut dyn FnMut(u32, &Envelope, &[u8])) -> usize {
+    fn on_event(&mut self, cid: u64, flags: u32, sink: &mut dyn Sink) -> usize {
         let Some(c) = self.conns.get(&cid) else {
             return 0;
         };
@@ -818,6 +817,10 @@ impl Netmod for TcpNetmod {
     }
 
     fn poll(&mut self, sink: &mut dyn FnMut(u32, &Envelope, &[u8])) -> Result<usize, NetError> {
+        self.poll_landing(&mut |src, env: &Envelope, payload: &[u8]| sink(src, env, payload))
+    }
+
+    fn poll_landing(&mut self, sink: &mut dyn Sink) -> Result<usize, NetError> {
         if self.closed {
             return Ok(0);
         }

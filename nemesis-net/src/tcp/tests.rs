@@ -1,4 +1,5 @@
 use super::*;
+use crate::Land;
 use crate::auth::{JobKey, KEY_LEN, NONCE_LEN};
 use crate::config;
 use std::net::{IpAddr, Ipv4Addr};
@@ -688,4 +689,139 @@ fn config_from_the_environment() {
         TcpNetmod::new(ident(2, 2), Box::new(Table::default()), TcpConfig::default()),
         Err(NetError::InvalidRank { rank: 2, size: 2 })
     ));
+}
+
+/// What a landing sink saw, in order: `true` for a packet landed in its own buffer.
+type Seen = Vec<(u32, Envelope, Vec<u8>, bool)>;
+
+/// A sink that lands every long packet offered it, into a buffer `extra` bytes longer
+/// than the packet (so that `extra != 0` makes every landing refused).
+#[derive(Default)]
+struct Lander {
+    seen: Seen,
+    offered: usize,
+    extra: usize,
+}
+
+impl Sink for Lander {
+    fn packet(&mut self, src: u32, env: &Envelope, payload: &[u8]) {
+        self.seen.push((src, *env, payload.to_vec(), false));
+    }
+    fn arriving(&mut self, src: u32, env: &Envelope, len: usize, land: &mut dyn Land) -> bool {
+        self.offered += 1;
+        let mut buf = vec![0u8; len + self.extra];
+        let landed = land.land(&mut buf);
+        if landed {
+            self.seen.push((src, *env, buf, true));
+        }
+        landed
+    }
+    fn lands(&self) -> bool {
+        true
+    }
+}
+
+/// Polls `nms[0]` with `sink` (and the others plainly) until `done` holds or 10 s pass.
+fn pump_landing(
+    nms: &mut [TcpNetmod],
+    got: &mut [Got],
+    sink: &mut Lander,
+    done: impl Fn(&Lander) -> bool,
+) -> bool {
+    let end = Instant::now() + LONG;
+    while !done(sink) {
+        if Instant::now() > end {
+            return false;
+        }
+        nms[0].poll_landing(sink).unwrap();
+        poll_all(&mut nms[1..], &mut got[1..]);
+    }
+    true
+}
+
+/// A netmod and a raw peer (rank 2) that has sent it one long packet, already delivered:
+/// the next long one may land.
+fn after_a_long_packet(sink: &mut Lander) -> (Vec<TcpNetmod>, Table, Vec<Got>, TcpStream) {
+    let (mut nms, cards) = job(2, 3, &small());
+    let mut got = vec![Got::new(); 2];
+    let mut raw = raw_peer(&mut nms, &mut got, 2);
+    let first = pattern(2, 0, 0, 30_000);
+    raw.write_all(&frame(FrameKind::Packet, [1, 0], 30_000, &first))
+        .unwrap();
+    assert!(pump_landing(&mut nms, &mut got, sink, |s| s.seen.len() == 1));
+    assert_eq!(sink.seen[0].2, first);
+    sink.seen.clear();
+    sink.offered = 0;
+    (nms, cards, got, raw)
+}
+
+#[test]
+fn long_packets_land_in_the_sinks_buffer() {
+    let mut sink = Lander::default();
+    let (mut nms, _cards, mut got, mut raw) = after_a_long_packet(&mut sink);
+    // After a long packet only a header's worth is read: the rest of the next long one
+    // goes straight into the sink's buffer; a short one behind it comes whole.
+    let long = pattern(2, 0, 1, 40_000);
+    let mut bytes = frame(FrameKind::Packet, [2, 0], 40_000, &long);
+    bytes.extend(frame(FrameKind::Packet, [3, 0], 5, b"short"));
+    raw.write_all(&bytes).unwrap();
+    assert!(pump_landing(&mut nms, &mut got, &mut sink, |s| s.seen.len() == 2));
+    assert_eq!(sink.offered, 1);
+    assert_eq!(sink.seen[0], (2, [2, 0], long, true));
+    assert_eq!(sink.seen[1], (2, [3, 0], b"short".to_vec(), false));
+    assert_eq!(nms[0].stats().packets_received, 3);
+    assert_eq!(nms[0].stats().packets_landed, 1);
+
+    // A sink whose buffer does not fit is refused, and has the packet whole later.
+    sink.extra = 1;
+    let other = pattern(2, 0, 2, 50_000);
+    raw.write_all(&frame(FrameKind::Packet, [4, 0], 50_000, &other))
+        .unwrap();
+    assert!(pump_landing(&mut nms, &mut got, &mut sink, |s| s.seen.len() == 3));
+    assert!(sink.offered >= 2);
+    assert_eq!(sink.seen[2], (2, [4, 0], other, false));
+    assert!(nms[0].check_peer(2).is_ok());
+}
+
+#[test]
+fn a_landing_that_waits_too_long_keeps_what_came() {
+    let mut sink = Lander::default();
+    let (mut nms, _cards, mut got, mut raw) = after_a_long_packet(&mut sink);
+    let long = pattern(2, 0, 1, 40_000);
+    let bytes = frame(FrameKind::Packet, [2, 0], 40_000, &long);
+    // The header and a fifth of the payload, then nothing for a while: the landing gives
+    // up, and the bytes it read are not lost.
+    let cut = FRAME_HEADER_LEN + 8_000;
+    raw.write_all(&bytes[..cut]).unwrap();
+    let until = Instant::now() + Duration::from_millis(20);
+    while Instant::now() < until {
+        nms[0].poll_landing(&mut sink).unwrap();
+    }
+    assert!(sink.offered >= 1);
+    assert!(sink.seen.is_empty());
+    raw.write_all(&bytes[cut..]).unwrap();
+    assert!(pump_landing(&mut nms, &mut got, &mut sink, |s| !s
+        .seen
+        .is_empty()));
+    assert_eq!(sink.seen.len(), 1);
+    assert!(sink.seen[0] == (2, [2, 0], long, sink.seen[0].3));
+}
+
+#[test]
+fn a_peer_that_ends_mid_landing_fails() {
+    let mut sink = Lander::default();
+    let (mut nms, _cards, _got, mut raw) = after_a_long_packet(&mut sink);
+    let long = pattern(2, 0, 1, 40_000);
+    let bytes = frame(FrameKind::Packet, [2, 0], 40_000, &long);
+    raw.write_all(&bytes[..FRAME_HEADER_LEN + 10_000]).unwrap();
+    drop(raw);
+    let end = Instant::now() + LONG;
+    while nms[0].check_peer(2).is_ok() {
+        assert!(Instant::now() < end, "the peer's end was not seen");
+        nms[0].poll_landing(&mut sink).unwrap();
+    }
+    assert!(sink.seen.is_empty());
+    assert_eq!(nms[0].stats().drops.count(DropReason::Truncated), 1);
+    let why = failure(&nms[0], 2);
+    assert!(why.contains("middle of a frame"), "{why}");
 }
