@@ -70,7 +70,8 @@ mod testkit;
 
 pub use bootstrap::{BootInfo, Rank};
 pub use channel::{
-    Channel, ChannelError, Header, NemesisChannel, Packet, SendStatus, SendTicket, ShmChannel, WaitPolicy,
+    Channel, ChannelError, Header, Land, NemesisChannel, Packet, PacketSink, SendStatus, SendTicket,
+    ShmChannel, WaitPolicy,
 };
 pub use nemesis_lmt as lmt;
 pub use nemesis_net as net;

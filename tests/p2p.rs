@@ -110,6 +110,102 @@ fn child_collectives() {
     });
 }
 
+/// Two ranks play ping-pong with long messages, checking every byte, with blocking
+/// receives of every selector (over tcp, those that name the source have the payloads
+/// read straight into their buffers), then send windows into posted receives; one too
+/// long for its buffer fails with `Truncated`, blocking or posted, and the next still
+/// arrives whole. Prints how many packets the netmod landed.
+#[test]
+#[ignore = "child process of the multi-process tests"]
+fn child_long_pingpong() {
+    child_main(|| {
+        let mut w = nemesis::init().map_err(|e| e.to_string())?;
+        let e = |e: P2pError| e.to_string();
+        let c = w.comm();
+        let (me, other) = (w.rank(), 1 - w.rank());
+        let fill = |len: usize, k: usize| -> Vec<u8> { (0..len).map(|i| (i * 7 + k * 13) as u8).collect() };
+        let mut k = 0;
+        for len in [16_385, 20_000, 65_536, 100_000, 131_072] {
+            for round in 0..12 {
+                k += 1;
+                let want = fill(len, k);
+                let (src, tag) = match round % 3 {
+                    0 => (Some(other), Some(5)),
+                    1 => (Some(other), ANY_TAG),
+                    _ => (ANY_SOURCE, ANY_TAG),
+                };
+                if (me == 0) == (round % 2 == 0) {
+                    w.send(&c, other, 5, &want).map_err(e)?;
+                } else {
+                    let mut got = vec![0u8; len + round];
+                    let st = w.recv(&c, src, tag, &mut got).map_err(e)?;
+                    if (st.source, st.tag, st.len) != (other, 5, len) || got[..len] != want[..] {
+                        return Err(format!("rank {me}: message {k} of {len} bytes differs ({st:?})"));
+                    }
+                }
+            }
+        }
+        // Posted receives: rank 1 posts a window, says so, and rank 0 sends into it; the
+        // last one's buffer is too short, and it fails with `Truncated` alone.
+        for len in [20_000, 65_536, 131_072] {
+            let msgs: Vec<Vec<u8>> = (0..4).map(|j| fill(len, 1000 + j)).collect();
+            if me == 0 {
+                w.recv(&c, Some(1), Some(8), &mut [0u8; 1]).map_err(e)?;
+                for m in &msgs {
+                    w.send(&c, 1, 9, m).map_err(e)?;
+                }
+            } else {
+                let mut bufs: Vec<Vec<u8>> = (0..4)
+                    .map(|j| vec![0u8; if j == 3 { len - 1 } else { len }])
+                    .collect();
+                let got: Vec<Result<nemesis::Status, P2pError>> = w
+                    .scope(|sc| {
+                        let reqs = bufs
+                            .iter_mut()
+                            .map(|b| sc.irecv(&c, Some(0), Some(9), b))
+                            .collect::<Result<Vec<_>, _>>()?;
+                        sc.world().send(&c, 0, 8, &[1])?;
+                        Ok::<_, P2pError>(reqs.into_iter().map(|r| sc.wait(r).map(|d| d.status())).collect())
+                    })
+                    .map_err(e)?;
+                for (j, (st, b)) in got.into_iter().zip(&bufs).enumerate() {
+                    match st {
+                        Ok(st) if j < 3 && st.len == len && *b == msgs[j] => {}
+                        Err(P2pError::Truncated {
+                            message_len,
+                            buffer_len,
+                        }) if j == 3 && (message_len, buffer_len) == (len, len - 1) => {}
+                        other => return Err(format!("posted receive {j} of {len} bytes: {other:?}")),
+                    }
+                }
+            }
+        }
+        let long = fill(70_000, 99);
+        if me == 0 {
+            w.send(&c, 1, 6, &long).map_err(e)?;
+            w.send(&c, 1, 7, &long).map_err(e)?;
+        } else {
+            let mut small = vec![0u8; 1000];
+            match w.recv(&c, Some(0), Some(6), &mut small) {
+                Err(P2pError::Truncated {
+                    message_len: 70_000,
+                    buffer_len: 1000,
+                }) => {}
+                other => return Err(format!("a 70000-byte message into 1000 bytes: {other:?}")),
+            }
+            let mut got = vec![0u8; 70_000];
+            let st = w.recv(&c, Some(0), Some(7), &mut got).map_err(e)?;
+            if st.len != 70_000 || got != long {
+                return Err(format!("the message after a truncated one differs ({st:?})"));
+            }
+        }
+        w.barrier(&c).map_err(e)?;
+        let landed = w.channel().net_stats().map_or(0, |s| s.packets_landed);
+        println!("rank {me}: long messages checked, landed {landed}");
+        Ok(())
+    });
+}
+
 /// Rank 1 leaves at once, without saying goodbye (`LEAVE=exit`) or dropping its world
 /// cleanly (`LEAVE=drop`); rank 0's receives from it and collectives with it fail with
 /// `PeerFailed`, each within a bound set by `NEMESIS_FAILURE_TIMEOUT`.
@@ -490,6 +586,25 @@ fn stress_over_each_netmod() {
             .output()
             .unwrap();
         assert_ranks_said(&o, "messages checked", 4, netmod);
+        assert!(leftovers(&dir).is_empty());
+    }
+}
+
+#[test]
+fn long_messages_into_blocking_receives_over_each_netmod() {
+    for netmod in NETMODS {
+        let dir = shm_dir(&format!("p2p-long-{netmod}"));
+        let o = run_net(2, "long_pingpong", &dir, netmod).output().unwrap();
+        assert_ranks_said(&o, "long messages checked", 2, netmod);
+        if netmod == "tcp" {
+            // Most of the long messages went straight into their receive buffers.
+            let out = String::from_utf8_lossy(&o.stdout);
+            let landed: u64 = out
+                .lines()
+                .filter_map(|l| l.split("landed ").nth(1)?.trim().parse::<u64>().ok())
+                .sum();
+            assert!(landed >= 20, "tcp landed {landed} packets\n{}", text(&o));
+        }
         assert!(leftovers(&dir).is_empty());
     }
 }

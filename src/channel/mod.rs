@@ -15,6 +15,7 @@ mod waitset;
 
 pub use crate::bootstrap::Rank;
 pub use nemesis::{NO_SHM_VAR, NemesisChannel};
+pub use nemesis_net::Land;
 pub use shm::ShmChannel;
 pub use wait::{WaitPolicy, outnumber, usable_cpus};
 
@@ -73,6 +74,40 @@ pub struct Packet<'a> {
     pub header: Header,
     /// The payload.
     pub payload: &'a [u8],
+}
+
+/// What [`Channel::poll_landing`] hands packets to: a receiver that may know, from a
+/// long packet's header alone, where its payload goes, and have it written there while
+/// it arrives instead of copying it out of the transport's memory afterwards. Every
+/// closure that takes a [`Packet`] is one that never does.
+pub trait PacketSink {
+    /// An arrived packet, lent in place.
+    fn packet(&mut self, p: Packet<'_>);
+
+    /// A packet from `src` whose `len` payload bytes are still arriving: the sink may
+    /// call `land.land(buf)` with a buffer of exactly `len` bytes and return what it
+    /// returned. `true`: the payload is in `buf`, and the packet is delivered. `false`:
+    /// the packet comes through [`PacketSink::packet`] once whole (or its sender's
+    /// failure is reported as any other). Only transports that read a stream offer
+    /// packets this way, and only to a sink that [lands](PacketSink::lands).
+    #[inline(always)]
+    fn arriving(&mut self, src: Rank, header: &Header, len: usize, land: &mut dyn Land) -> bool {
+        let _ = (src, header, len, land);
+        false
+    }
+
+    /// Whether the sink takes packets through [`PacketSink::arriving`].
+    #[inline(always)]
+    fn lands(&self) -> bool {
+        false
+    }
+}
+
+impl<F: FnMut(Packet<'_>)> PacketSink for F {
+    #[inline(always)]
+    fn packet(&mut self, p: Packet<'_>) {
+        self(p)
+    }
 }
 
 /// What became of a send.
@@ -239,6 +274,13 @@ pub trait Channel {
     /// Makes progress: moves queued sends on, and hands every arrived packet to `sink` in
     /// place. Returns how many packets it handed up.
     fn poll<F: FnMut(Packet<'_>)>(&mut self, sink: F) -> Result<usize, ChannelError>;
+
+    /// [`Channel::poll`], offering `sink` each long packet from a stream transport while
+    /// its payload arrives (see [`PacketSink`]). The default offers none.
+    #[inline(always)]
+    fn poll_landing<S: PacketSink>(&mut self, sink: &mut S) -> Result<usize, ChannelError> {
+        self.poll(|p| sink.packet(p))
+    }
 
     /// Hands `sink` the next packet from `peer` if the transport can find it without
     /// looking anywhere else, and says whether it did: a shortcut for a receiver that
@@ -423,6 +465,10 @@ impl<C: Channel + ?Sized> Channel for &mut C {
     #[inline(always)]
     fn poll<F: FnMut(Packet<'_>)>(&mut self, sink: F) -> Result<usize, ChannelError> {
         (**self).poll(sink)
+    }
+    #[inline(always)]
+    fn poll_landing<S: PacketSink>(&mut self, sink: &mut S) -> Result<usize, ChannelError> {
+        (**self).poll_landing(sink)
     }
     #[inline(always)]
     fn poll_from<F: FnMut(Packet<'_>)>(&mut self, peer: Rank, sink: F) -> bool {

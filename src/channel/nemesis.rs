@@ -9,7 +9,9 @@
 use super::pending::Pending;
 use super::wait::{WaitPolicy, usable_cpus};
 use super::waitset::WaitSet;
-use super::{Channel, ChannelError, Header, Packet, Rank, SendStatus, SendTicket, ShmChannel};
+use super::{
+    Channel, ChannelError, Header, Land, Packet, PacketSink, Rank, SendStatus, SendTicket, ShmChannel,
+};
 use crate::bootstrap::{Boot, BootInfo};
 use nemesis_net::{Accept, Cards, Identity, NetError, NetStats, Netmod, WaitHint};
 use nemesis_shm::Segment;
@@ -59,7 +61,7 @@ struct Net {
 }
 
 impl Net {
-    fn poll<F: FnMut(Packet<'_>)>(&mut self, sink: &mut F, node_busy: bool) -> Result<usize, ChannelError> {
+    fn poll<S: PacketSink>(&mut self, sink: &mut S, node_busy: bool) -> Result<usize, ChannelError> {
         if node_busy && !self.hint && self.skip > 0 {
             self.skip -= 1;
             return Ok(0);
@@ -67,13 +69,7 @@ impl Net {
         self.skip = self.every;
         self.hint = false;
         self.drain()?;
-        let n = self.netmod.poll(&mut |src, env, payload| {
-            sink(Packet {
-                src,
-                header: Header::from_envelope(env),
-                payload,
-            })
-        })?;
+        let n = self.netmod.poll_landing(&mut Up(sink))?;
         // Acknowledgements may have made room.
         self.drain()?;
         Ok(n)
@@ -94,6 +90,25 @@ impl Net {
                 Err(e) => Err(ChannelError::from(e)),
             })?;
         Ok(())
+    }
+}
+
+/// A channel's sink, as a netmod's.
+struct Up<'s, S>(&'s mut S);
+
+impl<S: PacketSink> nemesis_net::Sink for Up<'_, S> {
+    fn packet(&mut self, src: u32, env: &nemesis_net::Envelope, payload: &[u8]) {
+        self.0.packet(Packet {
+            src,
+            header: Header::from_envelope(env),
+            payload,
+        })
+    }
+    fn arriving(&mut self, src: u32, env: &nemesis_net::Envelope, len: usize, land: &mut dyn Land) -> bool {
+        self.0.arriving(src, &Header::from_envelope(env), len, land)
+    }
+    fn lands(&self) -> bool {
+        self.0.lands()
     }
 }
 
@@ -314,13 +329,19 @@ impl NemesisChannel {
         Ok(SendStatus::Queued(net.pending.push(peer, env, payload)))
     }
 
-    /// [`Channel::poll`] with a network module: shared memory, then the network. Takes
-    /// the sink over, so that a job without a network lends it to nothing.
+    /// [`Channel::poll`] with a network module. Takes the sink over, so that a job
+    /// without a network lends it to nothing (lent, it would be kept in memory).
     #[inline(never)]
-    fn poll_with_net<F: FnMut(Packet<'_>)>(&mut self, mut sink: F) -> Result<usize, ChannelError> {
-        let mut n = self.shm.poll(&mut sink)?;
+    fn poll_net_by_value<F: FnMut(Packet<'_>)>(&mut self, mut sink: F) -> Result<usize, ChannelError> {
+        self.poll_with_net(&mut sink)
+    }
+
+    /// A poll with a network module: shared memory, then the network.
+    #[inline(never)]
+    fn poll_with_net<S: PacketSink>(&mut self, sink: &mut S) -> Result<usize, ChannelError> {
+        let mut n = self.shm.poll(|p| sink.packet(p))?;
         if let Some(net) = &mut self.net {
-            n += net.poll(&mut sink, n > 0)?;
+            n += net.poll(sink, n > 0)?;
         }
         Ok(n)
     }
@@ -429,10 +450,18 @@ impl Channel for NemesisChannel {
     #[inline]
     fn poll<F: FnMut(Packet<'_>)>(&mut self, sink: F) -> Result<usize, ChannelError> {
         if self.net.is_some() {
-            return self.poll_with_net(sink);
+            return self.poll_net_by_value(sink);
         }
         // The sink moves down (see `ShmChannel::poll_port`).
         self.shm.poll(sink)
+    }
+
+    #[inline(always)]
+    fn poll_landing<S: PacketSink>(&mut self, sink: &mut S) -> Result<usize, ChannelError> {
+        if self.net.is_some() {
+            return self.poll_with_net(sink);
+        }
+        self.shm.poll(|p| sink.packet(p))
     }
 
     #[inline(always)]

@@ -9,7 +9,9 @@ use super::owned::Mailbox;
 use super::requests::{Bufs, Holder, RecvReq, Req, SState, SendReq};
 use super::wire::{self, EAGER, MDATA, MEDIUM, REVOKE, RTS, Rts};
 use super::{Config, Locality, P2pError, Status};
-use crate::channel::{Channel, Header, NemesisChannel, Packet, Rank, SendStatus, WaitPolicy};
+use crate::channel::{
+    Channel, Header, Land, NemesisChannel, Packet, PacketSink, Rank, SendStatus, WaitPolicy,
+};
 use crate::progress::{Core, Idle, Others, Protocol, ProtocolId, RegistryError, Tick};
 use nemesis_lmt::{Lmt, Seg};
 use nemesis_shm::Segment;
@@ -1041,8 +1043,11 @@ impl<C: Channel> World<C> {
             }
             self.release_dropped();
             let (ch, mut others) = self.core.split();
-            let eng = &mut self.eng;
-            let polled = ch.poll(|p| f.offer(eng, &mut others, p));
+            let polled = ch.poll_landing(&mut FreshSink {
+                f: &mut *f,
+                eng: &mut self.eng,
+                others: &mut others,
+            });
             if f.found.is_some() {
                 continue;
             }
@@ -1358,6 +1363,28 @@ impl Arriving {
     }
 }
 
+/// A [`Fresh`] receive polling: every packet goes to [`Fresh::offer`], and a long one
+/// from a stream transport may be written straight into its buffer ([`Fresh::land`]).
+struct FreshSink<'a, 'b, 'o> {
+    f: &'a mut Fresh<'b>,
+    eng: &'a mut Engine,
+    others: &'a mut Others<'o>,
+}
+
+impl PacketSink for FreshSink<'_, '_, '_> {
+    #[inline(always)]
+    fn packet(&mut self, p: Packet<'_>) {
+        self.f.offer(self.eng, self.others, p);
+    }
+    fn arriving(&mut self, src: u32, header: &Header, len: usize, land: &mut dyn Land) -> bool {
+        self.f.land(self.eng, src, header, len, land)
+    }
+    #[inline(always)]
+    fn lands(&self) -> bool {
+        true
+    }
+}
+
 /// A blocking `recv` with nothing else posted, offered each fresh packet first.
 struct Fresh<'b> {
     ctx: u32,
@@ -1369,6 +1396,28 @@ struct Fresh<'b> {
 }
 
 impl Fresh<'_> {
+    /// Has an eager message that is still arriving written straight into the buffer if
+    /// it is the first that matches and fits; says whether it was. The same test as
+    /// [`Fresh::offer`]'s for an eager packet, but for a receive that names the source:
+    /// a landing that gives up has written part of the buffer, and no other message
+    /// than this one may then complete the receive.
+    #[cold]
+    fn land(&mut self, eng: &Engine, src: u32, h: &Header, len: usize, land: &mut dyn Land) -> bool {
+        let mine = self.found.is_none()
+            && self.arriving.is_none()
+            && !eng.medium.interrupted_by(src)
+            && h.kind == EAGER
+            && h.context == self.ctx
+            && self.src == src
+            && (self.tag == FRESH_ANY_TAG || self.tag == h.tag)
+            && len <= self.buf.len();
+        if !mine || !land.land(&mut self.buf[..len]) {
+            return false;
+        }
+        self.found = Some(Found::Eager { src, tag: h.tag, len });
+        true
+    }
+
     /// Takes `p` if it is the first that matches; hands anything else on. The medium
     /// protocol's rarer steps are functions that are given fields, never `self`, so that
     /// the receive's state stays in registers on the eager path.
