@@ -1135,8 +1135,12 @@ fn latency(pairs: &mut [Pair], a: &LatencyArgs, json: bool) -> Result<()> {
                     ratio,
                     c.p50 / f.p50
                 );
-                if let Some(ch) = ch {
-                    print!(" {:>9.1} {:>6.2}", ch.p50, c.p50 / ch.p50);
+                // Above one packet there is no channel figure: its columns say so, so
+                // that the rest stay under their headings.
+                match ch {
+                    Some(ch) => print!(" {:>9.1} {:>6.2}", ch.p50, c.p50 / ch.p50),
+                    None if p2p => print!(" {:>9} {:>6}", "-", "-"),
+                    None => {}
                 }
                 match (tc, sp) {
                     (Some(tc), Some(sp)) => print!(
