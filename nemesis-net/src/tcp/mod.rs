@@ -557,6 +557,10 @@ impl TcpNetmod {
 
     /// Handles what is due.
     fn run_timers(&mut self) {
+        // Most polls have no timer: they do not read the clock.
+        if self.timers.is_empty() {
+            return;
+        }
         let now = Instant::now();
         while let Some(&Reverse((at, timer))) = self.timers.peek() {
             if at > now {
@@ -857,18 +861,18 @@ impl Netmod for TcpNetmod {
         let probes = self.probes.take();
         let probing = !probes.is_empty();
         self.probes.set(probes);
-        let now = Instant::now();
-        let next = self.timers.peek().map(|Reverse((t, _))| *t);
-        if probing || self.found > 0 || next.is_some_and(|t| t <= now) {
+        // The next timer and the time now, read only when there is one.
+        let next = self.timers.peek().map(|&Reverse((t, _))| (t, Instant::now()));
+        if probing || self.found > 0 || next.is_some_and(|(t, now)| t <= now) {
             return Ok(true);
         }
-        let t = next.map_or(timeout, |n| timeout.min(n - now));
+        let t = next.map_or(timeout, |(t, now)| timeout.min(t - now));
         let n = self
             .epoll
             .wait(&mut self.events, millis(t))
             .map_err(|e| NetError::io("tcp: epoll_wait", e))?;
         self.found = n;
-        Ok(n > 0 || next.is_some_and(|t| t <= Instant::now()))
+        Ok(n > 0 || next.is_some_and(|(t, _)| t <= Instant::now()))
     }
 
     fn wait_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
