@@ -1396,21 +1396,28 @@ struct Fresh<'b> {
 }
 
 impl Fresh<'_> {
+    /// Whether a message of `h` from `src` is one this receive selects, and it has none
+    /// yet.
+    #[inline(always)]
+    fn waits_for(&self, src: u32, h: &Header) -> bool {
+        self.found.is_none()
+            && self.arriving.is_none()
+            && h.context == self.ctx
+            && (self.src == FRESH_ANY_SRC || self.src == src)
+            && (self.tag == FRESH_ANY_TAG || self.tag == h.tag)
+    }
+
     /// Has an eager message that is still arriving written straight into the buffer if
-    /// it is the first that matches and fits; says whether it was. The same test as
-    /// [`Fresh::offer`]'s for an eager packet, but for a receive that names the source:
-    /// a landing that gives up has written part of the buffer, and no other message
-    /// than this one may then complete the receive.
+    /// it is the first that matches and fits; says whether it was. Only for a receive
+    /// that names the source: a landing that gives up has written part of the buffer,
+    /// and no other message than this one may then complete the receive.
     #[cold]
     fn land(&mut self, eng: &Engine, src: u32, h: &Header, len: usize, land: &mut dyn Land) -> bool {
-        let mine = self.found.is_none()
-            && self.arriving.is_none()
-            && !eng.medium.interrupted_by(src)
-            && h.kind == EAGER
-            && h.context == self.ctx
+        let mine = h.kind == EAGER
             && self.src == src
-            && (self.tag == FRESH_ANY_TAG || self.tag == h.tag)
-            && len <= self.buf.len();
+            && len <= self.buf.len()
+            && !eng.medium.interrupted_by(src)
+            && self.waits_for(src, h);
         if !mine || !land.land(&mut self.buf[..len]) {
             return false;
         }
@@ -1448,14 +1455,7 @@ impl Fresh<'_> {
         // A message the engine is taking from this source through the pair buffer comes
         // before this packet: the engine finishes it first.
         let behind = eng.medium.interrupted_by(p.src);
-        if self.found.is_none()
-            && self.arriving.is_none()
-            && !behind
-            && (h.kind == EAGER || h.kind == RTS || h.kind == MEDIUM)
-            && h.context == self.ctx
-            && (self.src == FRESH_ANY_SRC || self.src == p.src)
-            && (self.tag == FRESH_ANY_TAG || self.tag == h.tag)
-        {
+        if !behind && (h.kind == EAGER || h.kind == RTS || h.kind == MEDIUM) && self.waits_for(p.src, &h) {
             if h.kind == EAGER {
                 let n = p.payload.len().min(self.buf.len());
                 nemesis_shm::region::copy_into(&mut self.buf[..n], &p.payload[..n]);

@@ -141,10 +141,8 @@ impl Conn {
         let Some(room) = self.input.get_mut(self.end..).filter(|r| !r.is_empty()) else {
             return Err(io::ErrorKind::WouldBlock.into());
         };
-        let n = most.min(room.len());
-        let room = &mut room[..n];
-        let want = room.len();
-        let n = (&self.stream).read(room)?;
+        let want = most.min(room.len());
+        let n = (&self.stream).read(&mut room[..want])?;
         self.end += n;
         Ok((n, n == want))
     }
