@@ -561,6 +561,10 @@ mod tests {
         fn poll<F: FnMut(Packet<'_>)>(&mut self, _: F) -> Result<usize, ChannelError> {
             Ok(0)
         }
+        fn poll_landing<S: PacketSink>(&mut self, _: &mut S) -> Result<usize, ChannelError> {
+            self.ran.push("poll_landing");
+            Ok(0)
+        }
         fn poll_wait<F: FnMut(Packet<'_>)>(
             &mut self,
             _: F,
@@ -585,6 +589,7 @@ mod tests {
     fn use_generically<C: Channel>(mut ch: C) {
         ch.send_bytes(0, Header::default(), b"x").unwrap();
         ch.poll_wait(|_| {}, Some(Duration::ZERO)).unwrap();
+        ch.poll_landing(&mut |_: Packet<'_>| {}).unwrap();
         ch.flush(Duration::ZERO).unwrap();
     }
 
@@ -592,6 +597,6 @@ mod tests {
     fn a_borrowed_channel_keeps_its_overrides() {
         let mut ch = Overrides::default();
         use_generically(&mut ch);
-        assert_eq!(ch.ran, ["send_bytes", "poll_wait", "flush"]);
+        assert_eq!(ch.ran, ["send_bytes", "poll_wait", "poll_landing", "flush"]);
     }
 }
