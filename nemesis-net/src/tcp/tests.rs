@@ -825,3 +825,38 @@ fn a_peer_that_ends_mid_landing_fails() {
     let why = failure(&nms[0], 2);
     assert!(why.contains("middle of a frame"), "{why}");
 }
+
+#[test]
+fn a_peer_reset_mid_landing_fails() {
+    use std::os::fd::AsRawFd;
+    let mut sink = Lander::default();
+    let (mut nms, _cards, _got, mut raw) = after_a_long_packet(&mut sink);
+    let long = pattern(2, 0, 1, 40_000);
+    let bytes = frame(FrameKind::Packet, [2, 0], 40_000, &long);
+    raw.write_all(&bytes[..FRAME_HEADER_LEN + 10_000]).unwrap();
+    // Closed with a zero linger: a reset, so the landing's read fails rather than ends.
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a valid socket and option of the size given.
+    let rc = unsafe {
+        libc::setsockopt(
+            raw.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&raw const linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0);
+    drop(raw);
+    let end = Instant::now() + LONG;
+    while nms[0].check_peer(2).is_ok() {
+        assert!(Instant::now() < end, "the reset was not seen");
+        nms[0].poll_landing(&mut sink).unwrap();
+    }
+    assert!(sink.offered >= 1 && sink.seen.is_empty());
+    let why = failure(&nms[0], 2);
+    assert!(why.contains("lost"), "{why}");
+}
