@@ -586,8 +586,20 @@ fn stress_over_each_netmod() {
             .output()
             .unwrap();
         assert_ranks_said(&o, "messages checked", 4, netmod);
+        if netmod == "tcp" {
+            // The long eager messages into blocking receives took the landing path.
+            assert!(landed(&o) > 0, "tcp landed no packets\n{}", text(&o));
+        }
         assert!(leftovers(&dir).is_empty());
     }
+}
+
+/// The packets the ranks' netmods landed, from their "landed N" lines.
+fn landed(o: &std::process::Output) -> u64 {
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| l.split("landed ").nth(1)?.trim().parse::<u64>().ok())
+        .sum()
 }
 
 #[test]
@@ -598,11 +610,7 @@ fn long_messages_into_blocking_receives_over_each_netmod() {
         assert_ranks_said(&o, "long messages checked", 2, netmod);
         if netmod == "tcp" {
             // Most of the long messages went straight into their receive buffers.
-            let out = String::from_utf8_lossy(&o.stdout);
-            let landed: u64 = out
-                .lines()
-                .filter_map(|l| l.split("landed ").nth(1)?.trim().parse::<u64>().ok())
-                .sum();
+            let landed = landed(&o);
             assert!(landed >= 20, "tcp landed {landed} packets\n{}", text(&o));
         }
         assert!(leftovers(&dir).is_empty());
