@@ -397,14 +397,7 @@ impl<R: Region, V: Variant> Port<R, V> {
         // taken in one poll, up to a bound, so a stream pays the caller's poll once per
         // run rather than per message.
         for peer in b.peers.iter_mut() {
-            let mut run = 0;
-            while run < FBOX_RUN && take_fbox::<R, V, F>(region, peer, b.fbox_cap, b.fbox_slots, &mut f) {
-                run += 1;
-                if run >= 2 {
-                    fetch_ahead(region, peer);
-                }
-            }
-            got += run;
+            got += take_run::<R, V, F>(region, peer, b.fbox_cap, b.fbox_slots, &mut f);
         }
         // SAFETY: a key of this region.
         if !b.rq.is_empty(unsafe { region.recv_queue_of(b.my) }) {
@@ -667,20 +660,92 @@ fn take_fbox<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
     slots: u64,
     f: &mut F,
 ) -> bool {
-    let Some(r) = &mut peer.boxes else {
+    let Peer {
+        index,
+        boxes: Some(r),
+        recv_seq,
+        ..
+    } = peer
+    else {
         return false;
     };
-    // SAFETY: a key of this region.
-    let inbox = unsafe { region.fbox_at(r.in_next) };
-    let due = peer.recv_seq;
-    if inbox.seq().load(Ordering::Acquire) != due {
+    let due = *recv_seq;
+    if !due_in::<R>(region, r.in_next, due) {
         return false;
     }
-    // SAFETY: the Acquire load saw the message `due`, which we have not acknowledged,
-    // so the sender leaves its boxes alone until our acknowledgement below counts them.
+    // SAFETY: `due_in` saw the message `due` published there.
+    unsafe { deliver::<R, V, F>(region, *index, r, r.in_next, recv_seq, one, slots, f) };
+    true
+}
+
+/// Delivers the messages that wait in the next boxes of the peer's ring to us, at most
+/// [`FBOX_RUN`]; returns how many. [`take_fbox`] in a loop, with the next box and the
+/// number due carried from one message to the next rather than loaded again: the look
+/// that finds the ring empty after a message costs one load of a sequence word.
+#[inline(always)]
+fn take_run<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
+    region: &R,
+    peer: &mut Peer<R>,
+    one: usize,
+    slots: u64,
+    f: &mut F,
+) -> usize {
+    let Peer {
+        index,
+        boxes: Some(r),
+        recv_seq,
+        ..
+    } = peer
+    else {
+        return 0;
+    };
+    let mut next = r.in_next;
+    let mut due = *recv_seq;
+    let mut run = 0;
+    while run < FBOX_RUN && due_in::<R>(region, next, due) {
+        // SAFETY: `due_in` saw the message `due` published there.
+        next = unsafe { deliver::<R, V, F>(region, *index, r, next, recv_seq, one, slots, f) };
+        due += 1;
+        run += 1;
+        if run >= 2 {
+            fetch_ahead(region, r);
+        }
+    }
+    run
+}
+
+/// Whether box `at` holds message `due`; an Acquire load, after which its contents may be
+/// read.
+#[inline(always)]
+fn due_in<R: Region>(region: &R, at: R::BoxKey, due: u64) -> bool {
+    // SAFETY: a key of this region.
+    unsafe { region.fbox_at(at) }.seq().load(Ordering::Acquire) == due
+}
+
+/// Hands `f` the message due in box `at`, the next of ring `r`, from local process
+/// `index`, and moves the ring and `recv_seq` past it; returns the box to look at next.
+///
+/// # Safety
+/// `at` is `r.in_next`, where [`due_in`] saw message `*recv_seq`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn deliver<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
+    region: &R,
+    index: u32,
+    r: &mut Rings<R>,
+    at: R::BoxKey,
+    recv_seq: &mut u64,
+    one: usize,
+    slots: u64,
+    f: &mut F,
+) -> R::BoxKey {
+    // SAFETY: a key of this region.
+    let inbox = unsafe { region.fbox_at(at) };
+    // SAFETY: the Acquire load saw the message due, which we have not acknowledged, so
+    // the sender leaves its boxes alone until our acknowledgement below counts them.
     let len = unsafe {
         inbox.read(|env, data| {
-            f(peer.index, env, data);
+            f(index, env, data);
             data.len()
         })
     };
@@ -690,14 +755,14 @@ fn take_fbox<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
     } else {
         clear_span::<R, V>(region, r.inn, taken, len)
     };
-    peer.recv_seq = due + 1;
+    *recv_seq += 1;
     r.taken = taken + span;
     r.streaming = false;
     // SAFETY: keys of this region.
-    unsafe {
-        r.in_next = region.box_key(r.inn, taken + span);
-        region.fbox_ack_of(r.inn).store(taken + span, V::FBOX_RETURN);
-    }
+    let next = unsafe { region.box_key(r.inn, taken + span) };
+    r.in_next = next;
+    // SAFETY: a key of this region.
+    unsafe { region.fbox_ack_of(r.inn) }.store(taken + span, V::FBOX_RETURN);
     // A reply is likely: take the line of the box it would go into now, as a single
     // box did when its acknowledgement shared the line with the reply, and, after a
     // message of many lines, ask for the rest of the lines a reply as long would write
@@ -712,7 +777,7 @@ fn take_fbox<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
             reply.prepare(len, true);
         }
     }
-    true
+    next
 }
 
 /// How many boxes past the next one a receiver that is behind asks for.
@@ -725,12 +790,10 @@ const AHEAD: u64 = 4;
 /// with the one before. A receiver that keeps up does not, so as not to take lines its
 /// sender is writing.
 #[inline(always)]
-fn fetch_ahead<R: Region>(region: &R, peer: &Peer<R>) {
-    if let Some(r) = &peer.boxes {
-        // SAFETY: a key of this region; the index is masked into the ring, and the box
-        // is only fetched, not read.
-        unsafe { region.fbox_at(region.box_key(r.inn, r.taken + AHEAD)) }.fetch();
-    }
+fn fetch_ahead<R: Region>(region: &R, r: &Rings<R>) {
+    // SAFETY: a key of this region; the index is masked into the ring, and the box is
+    // only fetched, not read.
+    unsafe { region.fbox_at(region.box_key(r.inn, r.taken + AHEAD)) }.fetch();
 }
 
 /// Clears the sequence words of the boxes of ring `inn` that the message of `len` bytes
