@@ -78,6 +78,18 @@ fn dispatch(eng: &mut Engine, others: &mut Others<'_>, p: Packet<'_>) {
     }
 }
 
+/// [`dispatch`] for [`World::progress`], whose poll hands up a stream's packets: an
+/// eager one is matched in line (see [`Engine::handle_inline`]). Not for the blocking
+/// receive's poll, whose fast path would carry the matching code.
+#[inline(always)]
+fn dispatch_inline(eng: &mut Engine, others: &mut Others<'_>, p: Packet<'_>) {
+    if ProtocolId::of(p.header.kind) == ProtocolId::P2P {
+        eng.handle_inline(p.src, &p.header, p.payload)
+    } else {
+        dispatch(eng, others, p)
+    }
+}
+
 impl<C: Channel> World<C> {
     /// A world over `ch`, configured from the environment.
     ///
@@ -270,7 +282,7 @@ impl<C: Channel> World<C> {
         self.release_dropped();
         let (ch, mut others) = self.core.split();
         let eng = &mut self.eng;
-        let n = ch.poll(|p| dispatch(eng, &mut others, p))?;
+        let n = ch.poll(|p| dispatch_inline(eng, &mut others, p))?;
         self.settle()?;
         Ok(n)
     }
