@@ -78,7 +78,10 @@ impl Engine {
         if h.kind == EAGER && !self.medium.interrupted_by(src) {
             self.on_eager(src, h.context, h.tag, payload);
         } else {
-            self.handle(src, h, payload);
+            // A copy made here, so that the caller's header is not lent to a call and
+            // can stay in registers on the eager path.
+            let h = *h;
+            self.handle(src, &h, payload);
         }
     }
 
