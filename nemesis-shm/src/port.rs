@@ -660,13 +660,7 @@ fn take_fbox<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
     slots: u64,
     f: &mut F,
 ) -> bool {
-    let Peer {
-        index,
-        boxes: Some(r),
-        recv_seq,
-        ..
-    } = peer
-    else {
+    let Some((index, r, recv_seq)) = receiving(peer) else {
         return false;
     };
     let due = *recv_seq;
@@ -674,7 +668,7 @@ fn take_fbox<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
         return false;
     }
     // SAFETY: `due_in` saw the message `due` published there.
-    unsafe { deliver::<R, V, F>(region, *index, r, r.in_next, recv_seq, one, slots, f) };
+    unsafe { deliver::<R, V, F>(region, index, r, r.in_next, recv_seq, one, slots, f) };
     true
 }
 
@@ -690,13 +684,7 @@ fn take_run<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
     slots: u64,
     f: &mut F,
 ) -> usize {
-    let Peer {
-        index,
-        boxes: Some(r),
-        recv_seq,
-        ..
-    } = peer
-    else {
+    let Some((index, r, recv_seq)) = receiving(peer) else {
         return 0;
     };
     let mut next = r.in_next;
@@ -704,7 +692,7 @@ fn take_run<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
     let mut run = 0;
     while run < FBOX_RUN && due_in::<R>(region, next, due) {
         // SAFETY: `due_in` saw the message `due` published there.
-        next = unsafe { deliver::<R, V, F>(region, *index, r, next, recv_seq, one, slots, f) };
+        next = unsafe { deliver::<R, V, F>(region, index, r, next, recv_seq, one, slots, f) };
         due += 1;
         run += 1;
         if run >= 2 {
@@ -712,6 +700,22 @@ fn take_run<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
         }
     }
     run
+}
+
+/// What taking a message from `peer` moves on: its index, its rings and the number due
+/// from it; `None` when fastboxes are off.
+#[inline(always)]
+fn receiving<R: Region>(peer: &mut Peer<R>) -> Option<(u32, &mut Rings<R>, &mut u64)> {
+    let Peer {
+        index,
+        boxes: Some(r),
+        recv_seq,
+        ..
+    } = peer
+    else {
+        return None;
+    };
+    Some((*index, r, recv_seq))
 }
 
 /// Whether box `at` holds message `due`; an Acquire load, after which its contents may be
