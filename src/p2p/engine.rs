@@ -651,13 +651,7 @@ mod tests {
     #[test]
     fn a_receive_refused_for_want_of_a_slot_leaves_the_waiting_message_queued() {
         let mut e = Engine::new(2);
-        let h = Header {
-            kind: EAGER,
-            context: 0,
-            tag: 5,
-            ..Header::default()
-        };
-        e.handle(1, &h, b"hello");
+        e.handle(1, &wire::eager(0, 5), b"hello");
         for _ in 0..MAX_REQUESTS {
             e.reqs
                 .insert(Req::Recv(RecvReq::new(Bufs::NONE, 0, ReqComm::Identity, None)))

@@ -807,13 +807,20 @@ fn a_landing_that_waits_too_long_keeps_what_came() {
     assert!(sink.seen[0] == (2, [2, 0], long, sink.seen[0].3));
 }
 
-#[test]
-fn a_peer_that_ends_mid_landing_fails() {
-    let mut sink = Lander::default();
-    let (mut nms, _cards, _got, mut raw) = after_a_long_packet(&mut sink);
+/// [`after_a_long_packet`], then the raw peer writes the header and a quarter of the
+/// payload of a 40,000-byte packet.
+fn in_the_middle_of_a_long_packet(sink: &mut Lander) -> (Vec<TcpNetmod>, TcpStream) {
+    let (nms, _cards, _got, mut raw) = after_a_long_packet(sink);
     let long = pattern(2, 0, 1, 40_000);
     let bytes = frame(FrameKind::Packet, [2, 0], 40_000, &long);
     raw.write_all(&bytes[..FRAME_HEADER_LEN + 10_000]).unwrap();
+    (nms, raw)
+}
+
+#[test]
+fn a_peer_that_ends_mid_landing_fails() {
+    let mut sink = Lander::default();
+    let (mut nms, raw) = in_the_middle_of_a_long_packet(&mut sink);
     drop(raw);
     let end = Instant::now() + LONG;
     while nms[0].check_peer(2).is_ok() {
@@ -830,10 +837,7 @@ fn a_peer_that_ends_mid_landing_fails() {
 fn a_peer_reset_mid_landing_fails() {
     use std::os::fd::AsRawFd;
     let mut sink = Lander::default();
-    let (mut nms, _cards, _got, mut raw) = after_a_long_packet(&mut sink);
-    let long = pattern(2, 0, 1, 40_000);
-    let bytes = frame(FrameKind::Packet, [2, 0], 40_000, &long);
-    raw.write_all(&bytes[..FRAME_HEADER_LEN + 10_000]).unwrap();
+    let (mut nms, raw) = in_the_middle_of_a_long_packet(&mut sink);
     // Closed with a zero linger: a reset, so the landing's read fails rather than ends.
     let linger = libc::linger {
         l_onoff: 1,
