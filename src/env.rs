@@ -42,6 +42,11 @@ pub const KNOWN: &[(&str, Reader, &str)] = &[
         "largest medium message within the node",
     ),
     (
+        "NEMESIS_STREAM_MEDIUM_LIMIT",
+        Reader::Library,
+        "largest medium message within the node while streaming to the peer",
+    ),
+    (
         "NEMESIS_FAILURE_TIMEOUT",
         Reader::Library,
         "seconds between checks of peers",

@@ -88,9 +88,14 @@ struct Rings<R: Region> {
     /// a poll is one load from the book and one from the box.
     out_next: R::BoxKey,
     in_next: R::BoxKey,
-    /// We have sent to the peer since we last took a message from it: a stream rather
-    /// than a ping-pong, which decides how much of the next box a send prepares.
+    /// We have sent to the peer by fastbox since we last took a message from it, by
+    /// fastbox or cell: a stream rather than a ping-pong, which decides how much of the
+    /// next box a send prepares.
     streaming: bool,
+    /// We have sent the peer a message longer than one box since we last took one from
+    /// it: a stream of long messages (see [`Port::streams_to`]). Beside `streaming`, so
+    /// a receive clears both with one store.
+    streaming_long: bool,
 }
 
 impl<R: Region> Rings<R> {
@@ -107,6 +112,7 @@ impl<R: Region> Rings<R> {
             out_next,
             in_next,
             streaming: false,
+            streaming_long: false,
         }
     }
 }
@@ -356,8 +362,15 @@ impl<R: Region, V: Variant> Port<R, V> {
             "{len} bytes do not fit a cell of {}",
             b.cell_cap
         );
-        if len > b.fbox_cap && self.try_span(pos, env, payload, len) {
-            return Ok(());
+        if len > b.fbox_cap {
+            if let Some(r) = &mut b.peers[pos].boxes {
+                // Set before the send can fail: a caller that finds no room is behind
+                // its peer all the same.
+                r.streaming_long = true;
+            }
+            if self.try_span(pos, env, payload, len) {
+                return Ok(());
+            }
         }
         let b = &mut self.book;
         let region = &*self.region;
@@ -471,6 +484,10 @@ impl<R: Region, V: Variant> Port<R, V> {
             };
             let peer = &mut b.peers[pos];
             peer.recv_seq += 1;
+            if let Some(r) = &mut peer.boxes {
+                r.streaming = false;
+                r.streaming_long = false;
+            }
             // SAFETY: keys of this region.
             let watching = unsafe {
                 enqueue::<V>(region.free_queue_of(peer.slot), region, h);
@@ -543,6 +560,22 @@ impl<R: Region, V: Variant> Port<R, V> {
     /// Cells of ours that are neither in flight nor waiting in our free queue.
     pub fn free_cells(&self) -> usize {
         self.book.stash.len()
+    }
+
+    /// Whether we have sent local process `dest` a message longer than one fastbox since
+    /// we last took a message from it: a stream of long messages one way rather than an
+    /// exchange (a short message before a long one, a header before its payload, is
+    /// not). A hint, read without touching shared memory; false without fastboxes, or
+    /// for `dest` out of range.
+    #[inline]
+    pub fn streams_to(&self, dest: u32) -> bool {
+        let b = &self.book;
+        dest != b.me
+            && dest < b.n
+            && b.peers[b.pos(dest)]
+                .boxes
+                .as_ref()
+                .is_some_and(|r| r.streaming_long)
     }
 
     /// How many packets to local process `dest` (not this one) would get a cell now:
@@ -762,6 +795,7 @@ unsafe fn deliver<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
     *recv_seq += 1;
     r.taken = taken + span;
     r.streaming = false;
+    r.streaming_long = false;
     // SAFETY: keys of this region.
     let next = unsafe { region.box_key(r.inn, taken + span) };
     r.in_next = next;
@@ -978,6 +1012,40 @@ mod tests {
             .unwrap();
         }
         t.join().unwrap();
+    }
+
+    #[test]
+    fn streams_to_says_whether_we_sent_a_long_message_since_we_last_took_one() {
+        // Spans of at most 4 boxes of 64 bytes: 300 bytes take a cell.
+        let r = Arc::new(HeapRegion::with_fbox_slots(2, 8, 512, 64, 4));
+        let (mut a, mut b) = (Port::new(r.clone(), 0), Port::new(r, 1));
+        let (short, long) = ([1u8; 8], [2u8; 100]);
+        assert!(!a.streams_to(1), "nothing sent yet");
+        a.try_send(1, &[1, 0], &[&short], 8).unwrap();
+        assert!(
+            !a.streams_to(1),
+            "a short message, as a header before its payload"
+        );
+        a.try_send(1, &[2, 0], &[&long], 100).unwrap();
+        assert!(a.streams_to(1), "a long one, by a span of boxes");
+        assert!(!b.streams_to(0));
+        assert!(
+            !a.streams_to(0) && !a.streams_to(5),
+            "not ourselves, not past the processes"
+        );
+        assert_eq!(drain(&mut b).len(), 2);
+        assert!(a.streams_to(1), "the peer taking ours changes nothing here");
+        b.try_send(0, &[3, 0], &[&short], 8).unwrap();
+        assert_eq!(drain(&mut a).len(), 1);
+        assert!(!a.streams_to(1), "we took one of the peer's by fastbox");
+        // A long one by cell starts a stream too, and one taken by cell ends it.
+        let big = [3u8; 300];
+        a.try_send(1, &[4, 0], &[&big], 300).unwrap();
+        assert!(a.streams_to(1));
+        b.try_send(0, &[5, 0], &[&big], 300).unwrap();
+        let got = drain(&mut a);
+        assert_eq!(got[0].2.len(), 300);
+        assert!(!a.streams_to(1), "we took one of the peer's by cell");
     }
 
     #[test]

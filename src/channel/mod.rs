@@ -271,6 +271,16 @@ pub trait Channel {
         self.room_for(peer)
     }
 
+    /// Whether we have sent `peer` a long packet since we last took one from it, as far
+    /// as the transport knows cheaply: a stream of long messages one way rather than an
+    /// exchange. A hint for choosing between protocols; the default knows nothing and
+    /// says false.
+    #[inline]
+    fn streams_to(&self, peer: Rank) -> bool {
+        let _ = peer;
+        false
+    }
+
     /// Makes progress: moves queued sends on, and hands every arrived packet to `sink` in
     /// place. Returns how many packets it handed up.
     fn poll<F: FnMut(Packet<'_>)>(&mut self, sink: F) -> Result<usize, ChannelError>;
@@ -461,6 +471,10 @@ impl<C: Channel + ?Sized> Channel for &mut C {
     #[inline(always)]
     fn room_for_run(&mut self, peer: Rank, packets: usize) -> bool {
         (**self).room_for_run(peer, packets)
+    }
+    #[inline(always)]
+    fn streams_to(&self, peer: Rank) -> bool {
+        (**self).streams_to(peer)
     }
     #[inline(always)]
     fn poll<F: FnMut(Packet<'_>)>(&mut self, sink: F) -> Result<usize, ChannelError> {

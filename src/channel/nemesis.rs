@@ -448,6 +448,11 @@ impl Channel for NemesisChannel {
     }
 
     #[inline]
+    fn streams_to(&self, peer: Rank) -> bool {
+        self.shm.is_local(peer) && self.shm.streams_to(peer)
+    }
+
+    #[inline]
     fn poll<F: FnMut(Packet<'_>)>(&mut self, sink: F) -> Result<usize, ChannelError> {
         if self.net.is_some() {
             return self.poll_net_by_value(sink);

@@ -464,6 +464,14 @@ impl Channel for ShmChannel {
     }
 
     #[inline]
+    fn streams_to(&self, peer: Rank) -> bool {
+        match self.local_of.get(peer as usize) {
+            Some(&local) if local < self.rank_of.len() as u32 => self.port.streams_to(local),
+            _ => false,
+        }
+    }
+
+    #[inline]
     fn poll<F: FnMut(Packet<'_>)>(&mut self, sink: F) -> Result<usize, ChannelError> {
         if self.extra {
             return self.poll_with_extra(sink);

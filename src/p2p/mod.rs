@@ -189,6 +189,17 @@ pub const DEFAULT_NET_EAGER_LIMIT: usize = 128 << 10;
 /// BENCHMARKS.md), as the size up to which a run of packets beats a rendezvous.
 pub const DEFAULT_MEDIUM_LIMIT: usize = 128 << 10;
 
+/// The largest value `NEMESIS_MEDIUM_LIMIT` and `NEMESIS_STREAM_MEDIUM_LIMIT` take.
+pub const MAX_MEDIUM_LIMIT: usize = medium::MEDIUM_MAX;
+
+/// The medium limit while streaming to a peer unless `NEMESIS_STREAM_MEDIUM_LIMIT` says,
+/// where a rendezvous just above it would copy by the kernel (CMA: the default order on
+/// Intel CPUs, where CMA is permitted): in osu_bw streams of 48 to 128 KiB on the Intel
+/// Xeon guests, a rendezvous, whose receiver copies once, moved 1.3–1.8 times what a run
+/// of packets, copied in and out, did; at 32 KiB they were even, and through the copy
+/// ring it moved less (BENCHMARKS.md). Elsewhere the medium limit holds in a stream too.
+pub const DEFAULT_STREAM_MEDIUM_LIMIT: usize = 32 << 10;
+
 /// Tunables, from the environment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Config {
@@ -206,6 +217,12 @@ pub struct Config {
     /// bytes go as a run of packets without a handshake (`NEMESIS_MEDIUM_LIMIT`; 0 turns
     /// it off; at most 1 MiB); larger ones by rendezvous.
     pub medium_limit: usize,
+    /// The medium limit for a message sent while streaming to its peer, when our last
+    /// message to it left after the last we took from it (`NEMESIS_STREAM_MEDIUM_LIMIT`;
+    /// never more than `medium_limit`): a longer one goes by rendezvous, which moves a
+    /// stream's bytes with one copy where a run of packets takes two, while an exchange
+    /// keeps the run's lower latency. See [`DEFAULT_STREAM_MEDIUM_LIMIT`].
+    pub stream_medium_limit: usize,
     /// Whether communicators whose members all share the node run barrier and small
     /// allreduce through the node's shared blocks (`NEMESIS_NODE_COLLECTIVES`, 1 or 0).
     /// Every rank must use the same setting.
@@ -250,6 +267,15 @@ impl Config {
                 .filter(|&n| n <= medium::MEDIUM_MAX)
                 .ok_or_else(|| bad("NEMESIS_MEDIUM_LIMIT", &v, "expected a size from 0 to 1M"))?,
         };
+        let stream_medium_limit = match get("NEMESIS_STREAM_MEDIUM_LIMIT") {
+            None if kernel_copy_first(&get) => DEFAULT_STREAM_MEDIUM_LIMIT,
+            None => medium_limit,
+            Some(v) => nemesis_shm::config::parse_size(&v)
+                .and_then(|n| usize::try_from(n).ok())
+                .filter(|&n| n <= medium::MEDIUM_MAX)
+                .ok_or_else(|| bad("NEMESIS_STREAM_MEDIUM_LIMIT", &v, "expected a size from 0 to 1M"))?,
+        }
+        .min(medium_limit);
         let failure_check = crate::progress::Config::from_lookup(&get)?.failure_check;
         let node_collectives = match get("NEMESIS_NODE_COLLECTIVES").as_deref().map(str::trim) {
             None | Some("1") => true,
@@ -266,11 +292,27 @@ impl Config {
             eager_limit,
             net_eager_limit,
             medium_limit,
+            stream_medium_limit,
             failure_check,
             node_collectives,
             flat_collectives,
         })
     }
+}
+
+/// Whether a message just above [`DEFAULT_STREAM_MEDIUM_LIMIT`] would go by a copy of
+/// the kernel's (CMA), as the large-message policy in `get` chooses, and whether this
+/// process may use CMA: where the rendezvous's single copy is the ring's, or chunks',
+/// it moved no more than a run of packets did. A policy that does not parse says no
+/// here; the channel reports it.
+fn kernel_copy_first(get: &impl Fn(&str) -> Option<String>) -> bool {
+    let Ok(p) = nemesis_lmt::Policy::from_lookup(get) else {
+        return false;
+    };
+    let first = p
+        .force
+        .or_else(|| p.auto_order(DEFAULT_STREAM_MEDIUM_LIMIT + 1).first().copied());
+    first.is_some_and(nemesis_lmt::Strategy::needs_cma) && nemesis_lmt::cma::probe().is_ok()
 }
 
 /// Where a rank is, as seen from this process.

@@ -491,6 +491,44 @@ fn collective_settings_are_read_and_bad_ones_named() {
 }
 
 #[test]
+fn the_stream_medium_limit_follows_the_copy_a_rendezvous_would_make() {
+    let read = |vars: &'static [(&'static str, &'static str)]| {
+        Config::from_lookup(8160, |q| {
+            vars.iter().find(|(k, _)| *k == q).map(|(_, v)| v.to_string())
+        })
+    };
+    let medium = super::DEFAULT_MEDIUM_LIMIT;
+    let stream = |vars| read(vars).unwrap().stream_medium_limit;
+    // Through the copy ring or chunks, a stream keeps the medium limit.
+    assert_eq!(stream(&[("NEMESIS_LMT_AUTO", "ring,cma")]), medium);
+    assert_eq!(stream(&[("NEMESIS_LMT", "chunks")]), medium);
+    // Through CMA, where this process may use it, a stream takes the rendezvous sooner.
+    let cma = nemesis_lmt::cma::probe().is_ok();
+    let want = if cma {
+        super::DEFAULT_STREAM_MEDIUM_LIMIT
+    } else {
+        medium
+    };
+    assert_eq!(stream(&[("NEMESIS_LMT", "cma")]), want);
+    assert_eq!(stream(&[("NEMESIS_LMT_AUTO", "cma-split,ring")]), want);
+    // Set, it holds, never above the medium limit.
+    assert_eq!(stream(&[("NEMESIS_STREAM_MEDIUM_LIMIT", "64K")]), 64 << 10);
+    assert_eq!(
+        stream(&[
+            ("NEMESIS_STREAM_MEDIUM_LIMIT", "64K"),
+            ("NEMESIS_MEDIUM_LIMIT", "16K")
+        ]),
+        16 << 10
+    );
+    assert_eq!(stream(&[("NEMESIS_STREAM_MEDIUM_LIMIT", "0")]), 0);
+    for v in ["2M", "lots", "-1"] {
+        let vars: &'static [(&str, &str)] = Box::leak(Box::new([("NEMESIS_STREAM_MEDIUM_LIMIT", v)]));
+        let e = read(vars).unwrap_err();
+        assert!(e.to_string().contains("NEMESIS_STREAM_MEDIUM_LIMIT"), "{e}");
+    }
+}
+
+#[test]
 fn members_agree_on_flat_collectives_when_any_wants_them() {
     for (n, wanting) in [(2u32, 1u32), (3, 0), (3, 2), (4, 99), (5, 1), (8, 7), (9, 1)] {
         let flat = job_with(
@@ -1667,6 +1705,64 @@ fn raw_receives_may_share_one_buffer_as_osu_bws_do() {
             assert!(matches!(e, P2pError::InvalidArgument(_)), "{e}");
         });
     });
+}
+
+#[test]
+fn a_medium_message_in_a_stream_goes_by_rendezvous_above_the_stream_limit() {
+    const LEN: usize = 64 << 10;
+    for stream_limit in [32 << 10, super::DEFAULT_MEDIUM_LIMIT] {
+        let out = job_with(
+            2,
+            Geometry::default(),
+            move |c| c.stream_medium_limit = stream_limit,
+            move |mut w| {
+                let c = w.comm();
+                let mut ack = [0u8; 1];
+                if w.rank() == 0 {
+                    // Finished on return: sent whole (medium), or not (a rendezvous,
+                    // which waits for the receive rank 1 has not posted).
+                    let msgs: Vec<Vec<u8>> = (0..5).map(|k| pattern(k, LEN)).collect();
+                    let done: Vec<bool> = w.scope(|s| {
+                        let mut reqs: Vec<_> =
+                            msgs[..4].iter().map(|m| s.isend(&c, 1, 1, m).unwrap()).collect();
+                        let done = reqs.iter_mut().map(|r| s.test(r).unwrap()).collect();
+                        s.world().send(&c, 1, 9, &[1]).unwrap();
+                        s.waitall(reqs).unwrap();
+                        done
+                    });
+                    // Once the peer has answered, the next one is no stream.
+                    w.recv(&c, 1, 9, &mut ack).unwrap();
+                    let after = w.scope(|s| {
+                        let mut r = s.isend(&c, 1, 1, &msgs[4]).unwrap();
+                        let d = s.test(&mut r).unwrap();
+                        s.wait(r).unwrap();
+                        d
+                    });
+                    (done, after)
+                } else {
+                    w.recv(&c, 0, 9, &mut ack).unwrap();
+                    let mut buf = vec![0u8; LEN];
+                    for k in 0..4 {
+                        assert_eq!(w.recv(&c, 0, 1, &mut buf).unwrap().len, LEN);
+                        assert!(buf == pattern(k, LEN), "message {k}");
+                    }
+                    w.send(&c, 0, 9, &[1]).unwrap();
+                    assert_eq!(w.recv(&c, 0, 1, &mut buf).unwrap().len, LEN);
+                    assert!(buf == pattern(4, LEN));
+                    (Vec::new(), true)
+                }
+            },
+        );
+        let (done, after) = &out[0];
+        if stream_limit < LEN {
+            // The first goes through the pair buffer, announced by a short packet; the
+            // second as long packets, which make the rest a stream.
+            assert_eq!(done, &[true, true, false, false]);
+        } else {
+            assert_eq!(done, &[true; 4]);
+        }
+        assert!(after, "an answer is no stream (limit {stream_limit})");
+    }
 }
 
 #[test]

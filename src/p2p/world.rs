@@ -637,7 +637,10 @@ impl<C: Channel> World<C> {
             };
             return Ok(None);
         }
-        if len <= self.cfg.medium_limit && self.locality.get(d as usize) == Some(&Locality::Local) {
+        if len <= self.cfg.medium_limit
+            && self.locality.get(d as usize) == Some(&Locality::Local)
+            && (len <= self.cfg.stream_medium_limit || !self.core.ch.streams_to(d))
+        {
             if self.send_paired(d, ctx, tag, &bufs, len)? {
                 return Ok(None);
             }
