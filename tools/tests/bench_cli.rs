@@ -130,9 +130,14 @@ fn stream_ring_and_memory_json() {
         "2",
         "--rounds",
         "1",
+        "--stream-sizes",
+        "32K,64K",
         "--json",
     ]);
-    let last = cal.last().expect("rows");
+    let last = cal
+        .iter()
+        .find(|l| l.contains("\"recommended\""))
+        .expect("a recommendation");
     has(last, &["recommended", "ring_of_best", "probe_ns"]);
     // What calibrate recommends, the library takes.
     let rec = last
@@ -143,6 +148,32 @@ fn stream_ring_and_memory_json() {
     let p = nemesis::lmt::Policy::from_lookup(|k| (k == "NEMESIS_LMT_AUTO").then(|| rec.to_string()))
         .unwrap_or_else(|e| panic!("calibrate recommended {rec:?}, which the library refuses: {e}"));
     assert!(!p.auto_order(1 << 20).is_empty(), "{rec}");
+    // The streams of medium sizes, both ways and both shapes, then the limit to set,
+    // which the library takes as it is.
+    let streams: Vec<&String> = cal
+        .iter()
+        .filter(|l| l.contains("\"calibrate_stream\""))
+        .collect();
+    assert_eq!(streams.len(), 5, "{streams:?}");
+    has(
+        streams[0],
+        &["size", "recv_buffers", "packets_mb_s", "rendezvous_mb_s"],
+    );
+    let limit: usize = streams[4]
+        .split("\"recommended_stream_medium_limit\":")
+        .nth(1)
+        .and_then(|r| r.trim_end_matches('}').parse().ok())
+        .unwrap_or_else(|| panic!("a stream limit in {}", streams[4]));
+    let cfg = nemesis::p2p::Config::from_lookup(8160, |k| {
+        (k == "NEMESIS_STREAM_MEDIUM_LIMIT").then(|| limit.to_string())
+    })
+    .unwrap_or_else(|e| panic!("calibrate recommended {limit}, which the library refuses: {e}"));
+    assert!(
+        // Below the first size, between the two, or none.
+        [(32 << 10) - 1, 32 << 10, nemesis::p2p::MAX_MEDIUM_LIMIT].contains(&limit),
+        "{limit}"
+    );
+    assert_eq!(cfg.stream_medium_limit, limit.min(cfg.medium_limit));
     assert!(
         cal[0].contains("\"strategy\"") && cal[0].contains("\"mb_s\""),
         "{}",

@@ -689,6 +689,22 @@ impl Pair {
         lmt: Option<nemesis::lmt::Strategy>,
         osu: bool,
     ) -> Result<f64> {
+        self.stream_p2p_limited(size, window, iters, warmup, lmt, osu, None)
+    }
+
+    /// [`Pair::stream_p2p`] with the sender's medium limit in a stream set to
+    /// `stream_medium_limit` (`None`: as the environment says).
+    #[allow(clippy::too_many_arguments)]
+    pub fn stream_p2p_limited(
+        &mut self,
+        size: usize,
+        window: u64,
+        iters: u64,
+        warmup: u64,
+        lmt: Option<nemesis::lmt::Strategy>,
+        osu: bool,
+        stream_medium_limit: Option<usize>,
+    ) -> Result<f64> {
         let code = lmt.map_or(0, |s| s as u64 + 1);
         set_lmt(&mut self.ch, code)?;
         let osu_bit = u64::from(osu) << SINK_OSU_BIT;
@@ -709,6 +725,9 @@ impl Pair {
         let mut cfg = nemesis::p2p::Config::from_env(self.ch.max_payload()).map_err(other)?;
         if lmt.is_some() {
             cfg.medium_limit = 0;
+        }
+        if let Some(l) = stream_medium_limit {
+            cfg.stream_medium_limit = l.min(cfg.medium_limit);
         }
         let mut w = nemesis::World::with_config(&mut self.ch, cfg).map_err(other)?;
         let c = w.comm();

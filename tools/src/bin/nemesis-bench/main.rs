@@ -58,7 +58,9 @@ enum Cmd {
     Requests(RequestsArgs),
     /// Measures every large-message strategy this machine permits, both receive shapes,
     /// interleaved round by round, and prints the NEMESIS_LMT_AUTO value to set: the
-    /// strategies best first, by size band where the leader changes with the size.
+    /// strategies best first, by size band where the leader changes with the size. Then
+    /// medium messages streamed as runs of packets against the rendezvous, and the
+    /// NEMESIS_STREAM_MEDIUM_LIMIT value to set.
     Calibrate(CalibrateArgs),
     /// Two-sided nemesis beside MPI peers, interleaved round by round: latency, osu_bw
     /// bandwidth (one receive buffer) and message rate, with nemesis/peer ratios.
@@ -85,6 +87,11 @@ struct CalibrateArgs {
     /// Do not pin the two processes to CPUs.
     #[arg(long)]
     no_pin: bool,
+    /// Medium message sizes streamed both ways, as runs of packets and by rendezvous
+    /// (with the order automatic selection has now), for NEMESIS_STREAM_MEDIUM_LIMIT; or
+    /// "none".
+    #[arg(long, value_parser = size_list, default_value = "32K,48K,64K,128K")]
+    stream_sizes: SizeList,
 }
 
 /// Measures every permitted strategy and prints the orders automatic selection should
@@ -104,6 +111,7 @@ fn calibrate(a: &CalibrateArgs, json: bool) -> Result<()> {
     let shapes = [false, true];
     // (size, osu, strategy) -> seconds per round
     let mut secs: std::collections::BTreeMap<(usize, bool, usize), Vec<f64>> = Default::default();
+    let mut stream_secs = secs.clone();
     let mut probe = Vec::new();
     for r in 0..a.rounds {
         let mut rtt = Vec::new();
@@ -121,6 +129,30 @@ fn calibrate(a: &CalibrateArgs, json: bool) -> Result<()> {
                     ));
                     let t = pair.stream_p2p(size, a.window, iters, (iters / 10).max(1), Some(s), osu)?;
                     secs.entry((size, osu, i)).or_default().push(t);
+                }
+            }
+        }
+        for &size in &a.stream_sizes.0 {
+            let iters = measure::peers::bw_iters(size, a.window);
+            for osu in shapes {
+                // 0: runs of packets (the limit at its most); 1: the rendezvous.
+                for (k, limit) in [usize::MAX, 0].into_iter().enumerate() {
+                    progress(&format!(
+                        "calibrate {size} B streamed {}: round {}/{}",
+                        if k == 0 { "as packets" } else { "by rendezvous" },
+                        r + 1,
+                        a.rounds
+                    ));
+                    let t = pair.stream_p2p_limited(
+                        size,
+                        a.window,
+                        iters,
+                        (iters / 10).max(1),
+                        None,
+                        osu,
+                        Some(limit),
+                    )?;
+                    stream_secs.entry((size, osu, k)).or_default().push(t);
                 }
             }
         }
@@ -215,7 +247,78 @@ fn calibrate(a: &CalibrateArgs, json: bool) -> Result<()> {
         println!("# one order for every size: {}", order.join(","));
         println!("NEMESIS_LMT_AUTO={bands}");
     }
+    if !a.stream_sizes.0.is_empty() {
+        stream_limit(a, stream_secs, json);
+    }
     Ok(())
+}
+
+/// Reports the streams of medium messages that [`calibrate`] timed (`(size, osu, 0 for
+/// packets or 1 for the rendezvous)` to seconds per round) and the
+/// `NEMESIS_STREAM_MEDIUM_LIMIT` that follows: the largest size measured below which
+/// the rendezvous wins at every larger size, by the geometric mean over the two receive
+/// shapes of its bandwidth over the packets'.
+fn stream_limit(
+    a: &CalibrateArgs,
+    mut secs: std::collections::BTreeMap<(usize, bool, usize), Vec<f64>>,
+    json: bool,
+) {
+    let mut sizes = a.stream_sizes.0.clone();
+    sizes.sort_unstable();
+    sizes.dedup();
+    if !json {
+        println!(
+            "# medium messages streamed, MB/s, window {}: runs of packets against the rendezvous",
+            a.window
+        );
+        println!(
+            "# {:>9} {:>9} {:>9} {:>10}",
+            "size", "recv bufs", "packets", "rendezvous"
+        );
+    }
+    // Per size: the rendezvous's gain over the packets, geometric mean over the shapes.
+    let mut gain = Vec::new();
+    for &size in &sizes {
+        let iters = measure::peers::bw_iters(size, a.window);
+        let bytes = (size as u64 * a.window * iters) as f64;
+        let mut ln = 0.0;
+        for osu in [false, true] {
+            let mb = [0, 1].map(|k| bytes / median(secs.remove(&(size, osu, k)).unwrap_or_default()) / 1e6);
+            ln += (mb[1] / mb[0]).max(1e-9).ln();
+            let bufs = if osu { "one" } else { "distinct" };
+            if json {
+                Json::new("calibrate_stream")
+                    .u("size", size as u64)
+                    .s("recv_buffers", bufs)
+                    .f("packets_mb_s", mb[0])
+                    .f("rendezvous_mb_s", mb[1])
+                    .print();
+            } else {
+                println!("{size:>11} {bufs:>9} {:>9.0} {:>10.0}", mb[0], mb[1]);
+            }
+        }
+        gain.push((ln / 2.0).exp());
+    }
+    // The rendezvous from the first size of the winning run that reaches the largest;
+    // none: the medium limit holds in a stream too (the variable's largest value).
+    let from = gain.iter().rposition(|&g| g <= 1.0).map_or(0, |i| i + 1);
+    let limit = match from {
+        i if i == sizes.len() => nemesis::p2p::MAX_MEDIUM_LIMIT,
+        0 => sizes[0].saturating_sub(1),
+        i => sizes[i - 1],
+    };
+    if json {
+        Json::new("calibrate_stream")
+            .u("recommended_stream_medium_limit", limit as u64)
+            .print();
+    } else {
+        print!("# the rendezvous over the packets (geometric mean):");
+        for (s, g) in sizes.iter().zip(&gain) {
+            print!(" {s} {g:.2}");
+        }
+        println!();
+        println!("NEMESIS_STREAM_MEDIUM_LIMIT={limit}");
+    }
 }
 
 /// The `NEMESIS_LMT_AUTO` value that follows from per-size scores (`(size, Σ ln
