@@ -42,6 +42,11 @@ pub const KNOWN: &[(&str, Reader, &str)] = &[
         "largest medium message within the node",
     ),
     (
+        "NEMESIS_PAIR_EAGER_LIMIT",
+        Reader::Library,
+        "within the node, messages above this go through the pair buffer when they answer",
+    ),
+    (
         "NEMESIS_STREAM_MEDIUM_LIMIT",
         Reader::Library,
         "largest medium message within the node while streaming to the peer",

@@ -189,6 +189,13 @@ pub const DEFAULT_NET_EAGER_LIMIT: usize = 128 << 10;
 /// BENCHMARKS.md), as the size up to which a run of packets beats a rendezvous.
 pub const DEFAULT_MEDIUM_LIMIT: usize = 128 << 10;
 
+/// The pair eager limit unless `NEMESIS_PAIR_EAGER_LIMIT` says: a message within the
+/// node longer than this, and no longer than the eager limit, goes through the pair
+/// buffer when it answers the last message through it. In a ping-pong on the Intel Xeon
+/// guest, 3 and 4 KiB took 10–20% less time one way this way than in one packet, whose reply
+/// goes into boxes its peer read last; at 2 KiB the two were even (BENCHMARKS.md).
+pub const DEFAULT_PAIR_EAGER_LIMIT: usize = 2 << 10;
+
 /// The largest value `NEMESIS_MEDIUM_LIMIT` and `NEMESIS_STREAM_MEDIUM_LIMIT` take.
 pub const MAX_MEDIUM_LIMIT: usize = medium::MEDIUM_MAX;
 
@@ -223,6 +230,11 @@ pub struct Config {
     /// stream's bytes with one copy where a run of packets takes two, while an exchange
     /// keeps the run's lower latency. See [`DEFAULT_STREAM_MEDIUM_LIMIT`].
     pub stream_medium_limit: usize,
+    /// Within the node, a message longer than this and no longer than `eager_limit`
+    /// goes through the buffer the pair shares when it is free and the message answers
+    /// the last one through it, else in one packet (`NEMESIS_PAIR_EAGER_LIMIT`; at
+    /// `eager_limit` or above, never). See [`DEFAULT_PAIR_EAGER_LIMIT`].
+    pub pair_eager_limit: usize,
     /// Whether communicators whose members all share the node run barrier and small
     /// allreduce through the node's shared blocks (`NEMESIS_NODE_COLLECTIVES`, 1 or 0).
     /// Every rank must use the same setting.
@@ -276,6 +288,12 @@ impl Config {
                 .ok_or_else(|| bad("NEMESIS_STREAM_MEDIUM_LIMIT", &v, "expected a size from 0 to 1M"))?,
         }
         .min(medium_limit);
+        let pair_eager_limit = match get("NEMESIS_PAIR_EAGER_LIMIT") {
+            None => DEFAULT_PAIR_EAGER_LIMIT,
+            Some(v) => nemesis_shm::config::parse_size(&v)
+                .and_then(|n| usize::try_from(n).ok())
+                .ok_or_else(|| bad("NEMESIS_PAIR_EAGER_LIMIT", &v, "expected a size such as 2K"))?,
+        };
         let failure_check = crate::progress::Config::from_lookup(&get)?.failure_check;
         let node_collectives = match get("NEMESIS_NODE_COLLECTIVES").as_deref().map(str::trim) {
             None | Some("1") => true,
@@ -293,6 +311,7 @@ impl Config {
             net_eager_limit,
             medium_limit,
             stream_medium_limit,
+            pair_eager_limit,
             failure_check,
             node_collectives,
             flat_collectives,

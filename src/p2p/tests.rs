@@ -529,6 +529,22 @@ fn the_stream_medium_limit_follows_the_copy_a_rendezvous_would_make() {
 }
 
 #[test]
+fn the_pair_eager_limit_is_read_and_a_bad_one_named() {
+    let read =
+        |v: &'static str| Config::from_lookup(8288, |q| (q == "NEMESIS_PAIR_EAGER_LIMIT").then(|| v.into()));
+    assert_eq!(
+        Config::from_lookup(8288, |_| None).unwrap().pair_eager_limit,
+        super::DEFAULT_PAIR_EAGER_LIMIT
+    );
+    assert_eq!(read("4K").unwrap().pair_eager_limit, 4 << 10);
+    assert_eq!(read("0").unwrap().pair_eager_limit, 0);
+    for v in ["big", "-2"] {
+        let e = read(v).unwrap_err();
+        assert!(e.to_string().contains("NEMESIS_PAIR_EAGER_LIMIT"), "{e}");
+    }
+}
+
+#[test]
 fn members_agree_on_flat_collectives_when_any_wants_them() {
     for (n, wanting) in [(2u32, 1u32), (3, 0), (3, 2), (4, 99), (5, 1), (8, 7), (9, 1)] {
         let flat = job_with(
@@ -1762,6 +1778,59 @@ fn a_medium_message_in_a_stream_goes_by_rendezvous_above_the_stream_limit() {
             assert_eq!(done, &[true; 4]);
         }
         assert!(after, "an answer is no stream (limit {stream_limit})");
+    }
+}
+
+#[test]
+fn an_answer_above_the_pair_eager_limit_takes_the_pair_buffer_and_a_stream_goes_in_packets() {
+    const LEN: usize = 4000;
+    for pair_eager in [super::DEFAULT_PAIR_EAGER_LIMIT, usize::MAX] {
+        let taken = job_with(
+            2,
+            Geometry::default(),
+            move |c| c.pair_eager_limit = pair_eager,
+            |mut w| {
+                assert!(LEN <= w.config().eager_limit, "one packet would carry it");
+                let c = w.comm();
+                let (me, peer) = (w.rank(), 1 - w.rank());
+                let mut buf = vec![0u8; LEN];
+                // A ping-pong: every message answers the one before.
+                for k in 0..6u32 {
+                    if k % 2 == me {
+                        w.send(&c, peer, 1, &pattern(k, LEN)).unwrap();
+                    } else {
+                        assert_eq!(w.recv(&c, peer, 1, &mut buf).unwrap().len, LEN);
+                        assert!(buf == pattern(k, LEN), "message {k}");
+                    }
+                }
+                let pong = w.eng.medium.paired_taken;
+                // At the limit, one packet whatever it answers.
+                let small = vec![5u8; super::DEFAULT_PAIR_EAGER_LIMIT];
+                if me == 0 {
+                    w.send(&c, 1, 2, &small).unwrap();
+                } else {
+                    assert_eq!(w.recv(&c, 0, 2, &mut buf).unwrap().len, small.len());
+                    assert!(buf[..small.len()] == small[..]);
+                }
+                // A stream one way: only its first message answers.
+                for k in 10..15u32 {
+                    if me == 0 {
+                        w.send(&c, 1, 3, &pattern(k, LEN)).unwrap();
+                    } else {
+                        assert_eq!(w.recv(&c, 0, 3, &mut buf).unwrap().len, LEN);
+                        assert!(buf == pattern(k, LEN), "message {k}");
+                    }
+                }
+                (pong, w.eng.medium.paired_taken)
+            },
+        );
+        if pair_eager == usize::MAX {
+            assert_eq!(taken, vec![(0, 0), (0, 0)], "never through the buffer");
+        } else {
+            // Rank 0 took messages 1, 3 and 5; rank 1 took 0, 2 and 4, then the stream's
+            // first.
+            assert_eq!(taken, vec![(3, 3), (3, 4)]);
+        }
     }
 }
 

@@ -45,9 +45,13 @@ pub struct World<C: Channel = NemesisChannel> {
     pub(crate) next_ctx: u32,
     pub(crate) cfg: Config,
     locality: Vec<Locality>,
-    /// The eager limit towards each rank: larger towards other nodes, whose netmod
-    /// carries larger packets.
+    /// The size up to which a message goes eagerly at once, towards each rank: larger
+    /// towards other nodes, whose netmod carries larger packets; towards ranks of the
+    /// node with pair buffers, the pair eager limit, above which a message that answers
+    /// its peer goes through the pair buffer (up to the eager limit).
     eager_to: Vec<usize>,
+    /// The same for the blocking send's first look, whatever the rank.
+    eager_at_once: usize,
     /// The node's segment, whose blocks serve the collectives of node-local communicators.
     pub(crate) node_seg: Option<Arc<Segment>>,
     /// How a member waits in a node collective: as the channel waits, for as many
@@ -141,6 +145,13 @@ impl<C: Channel> World<C> {
             .lmt()
             .rdma_threshold()
             .map_or(usize::MAX, |m| m.saturating_sub(1));
+        let mut eng = Engine::new(size);
+        eng.pairs = ch.pair_bufs().filter(|_| cfg.medium_limit > 0);
+        let eager_at_once = if eng.pairs.is_some() {
+            cfg.pair_eager_limit.min(cfg.eager_limit)
+        } else {
+            cfg.eager_limit
+        };
         let eager_to = locality
             .iter()
             .enumerate()
@@ -149,13 +160,11 @@ impl<C: Channel> World<C> {
                     .net_eager_limit
                     .min(ch.max_payload_to(r as u32))
                     .min(below_rdma),
-                _ => cfg.eager_limit,
+                _ => eager_at_once,
             })
             .collect();
         let mut core_cfg = crate::progress::Config::from_env()?;
         core_cfg.failure_check = cfg.failure_check;
-        let mut eng = Engine::new(size);
-        eng.pairs = ch.pair_bufs().filter(|_| cfg.medium_limit > 0);
         Ok(Self {
             core: Core::with_config(ch, core_cfg)?,
             eng,
@@ -165,6 +174,7 @@ impl<C: Channel> World<C> {
             cfg,
             locality,
             eager_to,
+            eager_at_once,
             node_seg,
             node_wait,
             flat_vote,
@@ -626,19 +636,21 @@ impl<C: Channel> World<C> {
                 .copied()
                 .unwrap_or(self.cfg.eager_limit)
         {
-            let h = wire::eager(ctx, tag);
-            match &bufs {
-                Bufs::One(s) if !s.ptr.is_null() => {
-                    // SAFETY: the caller lends the buffer for this call.
-                    let data = unsafe { std::slice::from_raw_parts(s.ptr.cast_const(), s.len) };
-                    self.core.ch.send_bytes(d, h, data)?
-                }
-                b => self.core.ch.send(d, h, &b.slices(0, len))?,
-            };
+            self.send_eager(d, ctx, tag, &bufs, len)?;
+            return Ok(None);
+        }
+        let local = self.locality.get(d as usize) == Some(&Locality::Local);
+        if local && len <= self.cfg.eager_limit {
+            // Above the pair eager limit: through the pair buffer when it answers (a
+            // ping-pong, whose reply writes the lines its request came in on), else in
+            // one packet.
+            if !self.send_paired(d, ctx, tag, &bufs, len)? {
+                self.send_eager(d, ctx, tag, &bufs, len)?;
+            }
             return Ok(None);
         }
         if len <= self.cfg.medium_limit
-            && self.locality.get(d as usize) == Some(&Locality::Local)
+            && local
             && (len <= self.cfg.stream_medium_limit || !self.core.ch.streams_to(d))
         {
             if self.send_paired(d, ctx, tag, &bufs, len)? {
@@ -703,6 +715,21 @@ impl<C: Channel> World<C> {
             return Err(e.into());
         }
         Ok(Some(id))
+    }
+
+    /// Sends `len` bytes of `bufs` to `d` in one packet.
+    #[inline(always)]
+    fn send_eager(&mut self, d: u32, ctx: u32, tag: i32, bufs: &Bufs, len: usize) -> Result<(), P2pError> {
+        let h = wire::eager(ctx, tag);
+        match bufs {
+            Bufs::One(s) if !s.ptr.is_null() => {
+                // SAFETY: the caller lends the buffer for this call.
+                let data = unsafe { std::slice::from_raw_parts(s.ptr.cast_const(), s.len) };
+                self.core.ch.send_bytes(d, h, data)?
+            }
+            b => self.core.ch.send(d, h, &b.slices(0, len))?,
+        };
+        Ok(())
     }
 
     /// Sends a medium message through the buffer shared with `d` if it fits and is free:
@@ -833,7 +860,7 @@ impl<C: Channel> World<C> {
         tag: i32,
         buf: &[u8],
     ) -> Result<(), P2pError> {
-        if buf.len() <= self.cfg.eager_limit
+        if buf.len() <= self.eager_at_once
             && let Some(&d) = c.ranks.get(dest as usize)
         {
             return match self.core.ch.send_bytes(d, wire::eager(ctx, tag), buf) {
