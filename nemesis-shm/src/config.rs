@@ -5,8 +5,12 @@ use std::path::PathBuf;
 
 /// Cells per process when `NEMESIS_CELLS` is unset.
 pub const DEFAULT_CELLS: u32 = 64;
-/// Bytes per cell, header included, when `NEMESIS_CELL_SIZE` is unset.
-pub const DEFAULT_CELL_SIZE: u32 = 8192;
+/// Bytes per cell, header included, when `NEMESIS_CELL_SIZE` is unset: 8 KiB of payload
+/// and the next multiple of 128 above it, so a message of 8 KiB goes in one packet and
+/// one of 16 or 32 KiB in two or four, not three or five. Against cells of 8192 bytes,
+/// osu_bw streams moved 5–17% more at 8 KiB and 3–11% more from 16 to 32 KiB on the
+/// Intel Xeon guest (BENCHMARKS.md), and a ring of fastboxes still takes a packet in 8 boxes.
+pub const DEFAULT_CELL_SIZE: u32 = 8320;
 /// Bytes per fastbox, header included, when `NEMESIS_FBOX_SIZE` is unset: room for
 /// 1 KiB of payload.
 pub const DEFAULT_FBOX_SIZE: u32 = 1152;

@@ -1286,7 +1286,8 @@ mod tests {
         let pairs = 64 * 63 / 2 * (128 + (16 << 10));
         assert_eq!(
             bytes,
-            ((fboxes_end + colls).next_multiple_of(4096) + pairs).next_multiple_of(4096) + 64 * 64 * 8192
+            ((fboxes_end + colls).next_multiple_of(4096) + pairs).next_multiple_of(4096)
+                + 64 * 64 * crate::config::DEFAULT_CELL_SIZE as usize
         );
         assert_eq!(Geometry::default().resolve(64).pair_size, 16 << 10);
         assert_eq!(Geometry::default().resolve(2).pair_size, 128 << 10);

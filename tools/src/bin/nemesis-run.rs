@@ -33,7 +33,7 @@ SIGHUP end the job the same way. No shared-memory file outlives the job.
 
 Environment read by the processes (see README.md):
   NEMESIS_CELLS            cells per process (default 64)
-  NEMESIS_CELL_SIZE        bytes per cell, header included (default 8192)
+  NEMESIS_CELL_SIZE        bytes per cell, header included (default 8320)
   NEMESIS_FBOX_SIZE        bytes per fastbox, header included; 0 = none (default 1152)
   NEMESIS_FBOX_SLOTS       fastboxes per ordered pair, a power of two up to 64 (default
                            64, fewer with many processes)
