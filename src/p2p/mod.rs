@@ -224,9 +224,9 @@ pub struct Config {
     /// bytes go as a run of packets without a handshake (`NEMESIS_MEDIUM_LIMIT`; 0 turns
     /// it off; at most 1 MiB); larger ones by rendezvous.
     pub medium_limit: usize,
-    /// The medium limit for a message sent while streaming to its peer, when our last
-    /// message to it left after the last we took from it (`NEMESIS_STREAM_MEDIUM_LIMIT`;
-    /// never more than `medium_limit`): a longer one goes by rendezvous, which moves a
+    /// The medium limit for a message sent while streaming to its peer, when we have sent
+    /// it a packet longer than one fastbox since we last took one from it
+    /// (`NEMESIS_STREAM_MEDIUM_LIMIT`; never more than `medium_limit`): a longer one goes by rendezvous, which moves a
     /// stream's bytes with one copy where a run of packets takes two, while an exchange
     /// keeps the run's lower latency. See [`DEFAULT_STREAM_MEDIUM_LIMIT`].
     pub stream_medium_limit: usize,
