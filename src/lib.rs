@@ -78,5 +78,7 @@ pub use nemesis_net as net;
 pub use nemesis_net::pinned::Pinned;
 pub use nemesis_shm as shm;
 pub use op::{Op, Reducible};
-pub use p2p::{ANY_SOURCE, ANY_TAG, Comm, OwnedBuf, OwnedRequest, P2pError, RequestSet, Status, World, init};
+pub use p2p::{
+    ANY_SOURCE, ANY_TAG, Comm, OwnedBuf, OwnedRequest, P2pError, RequestSet, SendCounts, Status, World, init,
+};
 pub use progress::{Protocol, ProtocolId};

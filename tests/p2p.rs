@@ -466,12 +466,32 @@ fn stress_through_every_large_message_strategy() {
         cmd.env("STRESS_SEED", "11").env("STRESS_ROUNDS", "12");
         if lmt == "medium-packets" {
             cmd.env("NEMESIS_PAIR_SIZE", "0");
-        } else if lmt != "medium" {
+        } else if lmt == "medium" {
+            // Whatever the machine's default, medium messages of a stream go by
+            // rendezvous above 32 KiB.
+            cmd.env("NEMESIS_STREAM_MEDIUM_LIMIT", "32K");
+        } else {
             cmd.env("NEMESIS_LMT", lmt).env("NEMESIS_MEDIUM_LIMIT", "0");
         }
         let o = cmd.output().unwrap();
         assert_ranks_said(&o, "messages checked", 3, lmt);
         assert!(leftovers(&dir).is_empty(), "{lmt}: {:?}", leftovers(&dir));
+        let sent = |what| sent(&o, what);
+        assert!(sent("rendezvous") > 0, "{lmt}\n{}", text(&o));
+        match lmt {
+            // Every path of the default: the pair buffer, for answers that one packet
+            // would carry too, runs of packets, and the rendezvous of a stream.
+            "medium" => {
+                for what in ["paired", "paired_short", "medium_packets", "stream_rendezvous"] {
+                    assert!(sent(what) > 0, "no {what}\n{}", text(&o));
+                }
+            }
+            "medium-packets" => {
+                assert_eq!(sent("paired"), 0, "{}", text(&o));
+                assert!(sent("medium_packets") > 0, "{}", text(&o));
+            }
+            _ => assert_eq!(sent("paired") + sent("medium_packets"), 0, "{lmt}\n{}", text(&o)),
+        }
     }
 }
 
@@ -595,6 +615,20 @@ fn stress_over_each_netmod() {
 }
 
 /// The packets the ranks' netmods landed, from their "landed N" lines.
+/// The sum over the ranks of the stress test's count of sends by protocol `what` (a
+/// field of `SendCounts`).
+fn sent(o: &std::process::Output, what: &str) -> u64 {
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| l.contains(": sent "))
+        .filter_map(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            let at = words.iter().position(|w| *w == what)?;
+            words.get(at + 1)?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
 fn landed(o: &std::process::Output) -> u64 {
     String::from_utf8_lossy(&o.stdout)
         .lines()

@@ -334,6 +334,25 @@ fn kernel_copy_first(get: &impl Fn(&str) -> Option<String>) -> bool {
     first.is_some_and(nemesis_lmt::Strategy::needs_cma) && nemesis_lmt::cma::probe().is_ok()
 }
 
+/// How many of this process's two-sided sends went by each protocol other than the
+/// eager one ([`World::send_counts`]): which paths a workload takes, for its owner and
+/// for the tests. Counted where the slower paths start, so eager sends cost nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SendCounts {
+    /// Through the buffer the pair shares, announced by a packet without bytes.
+    pub paired: u64,
+    /// Of those, messages one packet would have carried: answers above the pair eager
+    /// limit.
+    pub paired_short: u64,
+    /// Medium messages as a run of packets.
+    pub medium_packets: u64,
+    /// By rendezvous (a handshake, then a large-message strategy).
+    pub rendezvous: u64,
+    /// Of those, messages within the medium limit that went so because their sender
+    /// streamed to the peer (above the stream medium limit).
+    pub stream_rendezvous: u64,
+}
+
 /// Where a rank is, as seen from this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Locality {

@@ -1754,6 +1754,14 @@ fn a_medium_message_in_a_stream_goes_by_rendezvous_above_the_stream_limit() {
                         s.wait(r).unwrap();
                         d
                     });
+                    let n = w.send_counts();
+                    if stream_limit < LEN {
+                        // The pair buffer, packets, two by rendezvous, then packets.
+                        assert_eq!((n.paired, n.medium_packets), (1, 2));
+                        assert_eq!((n.rendezvous, n.stream_rendezvous), (2, 2));
+                    } else {
+                        assert_eq!((n.paired, n.medium_packets, n.rendezvous), (1, 4, 0));
+                    }
                     (done, after)
                 } else {
                     w.recv(&c, 0, 9, &mut ack).unwrap();
@@ -1821,15 +1829,17 @@ fn an_answer_above_the_pair_eager_limit_takes_the_pair_buffer_and_a_stream_goes_
                         assert!(buf == pattern(k, LEN), "message {k}");
                     }
                 }
-                (pong, w.eng.medium.paired_taken)
+                let n = w.send_counts();
+                assert_eq!(n.paired, n.paired_short, "every one fits a packet");
+                (pong, w.eng.medium.paired_taken, n.paired)
             },
         );
         if pair_eager == usize::MAX {
-            assert_eq!(taken, vec![(0, 0), (0, 0)], "never through the buffer");
+            assert_eq!(taken, vec![(0, 0, 0), (0, 0, 0)], "never through the buffer");
         } else {
-            // Rank 0 took messages 1, 3 and 5; rank 1 took 0, 2 and 4, then the stream's
-            // first.
-            assert_eq!(taken, vec![(3, 3), (3, 4)]);
+            // Rank 0 took messages 1, 3 and 5 and sent the others, then the stream's
+            // first; rank 1 took those.
+            assert_eq!(taken, vec![(3, 3, 4), (3, 4, 3)]);
         }
     }
 }

@@ -8,7 +8,7 @@ use super::node::{NodeColl, NodeWaiter};
 use super::owned::Mailbox;
 use super::requests::{Bufs, Holder, RecvReq, Req, SState, SendReq};
 use super::wire::{self, EAGER, MDATA, MEDIUM, REVOKE, RTS, Rts};
-use super::{Config, Locality, P2pError, Status};
+use super::{Config, Locality, P2pError, SendCounts, Status};
 use crate::channel::{
     Channel, Header, Land, NemesisChannel, Packet, PacketSink, Rank, SendStatus, WaitPolicy,
 };
@@ -52,6 +52,8 @@ pub struct World<C: Channel = NemesisChannel> {
     eager_to: Vec<usize>,
     /// The same for the blocking send's first look, whatever the rank.
     eager_at_once: usize,
+    /// Sends by each protocol but the eager one.
+    sent: SendCounts,
     /// The node's segment, whose blocks serve the collectives of node-local communicators.
     pub(crate) node_seg: Option<Arc<Segment>>,
     /// How a member waits in a node collective: as the channel waits, for as many
@@ -175,6 +177,7 @@ impl<C: Channel> World<C> {
             locality,
             eager_to,
             eager_at_once,
+            sent: SendCounts::default(),
             node_seg,
             node_wait,
             flat_vote,
@@ -208,6 +211,11 @@ impl<C: Channel> World<C> {
     /// The tunables in force.
     pub fn config(&self) -> Config {
         self.cfg
+    }
+
+    /// How many sends so far went by each protocol other than the eager one.
+    pub fn send_counts(&self) -> SendCounts {
+        self.sent
     }
 
     /// The channel underneath. Everything is polled through the world: a poll of the
@@ -649,10 +657,12 @@ impl<C: Channel> World<C> {
             }
             return Ok(None);
         }
-        if len <= self.cfg.medium_limit
-            && local
-            && (len <= self.cfg.stream_medium_limit || !self.core.ch.streams_to(d))
-        {
+        // A medium message in a stream, which the rendezvous moves with one copy.
+        let streamed = local
+            && len <= self.cfg.medium_limit
+            && len > self.cfg.stream_medium_limit
+            && self.core.ch.streams_to(d);
+        if len <= self.cfg.medium_limit && local && !streamed {
             if self.send_paired(d, ctx, tag, &bufs, len)? {
                 return Ok(None);
             }
@@ -714,6 +724,8 @@ impl<C: Channel> World<C> {
             }
             return Err(e.into());
         }
+        self.sent.rendezvous += 1;
+        self.sent.stream_rendezvous += u64::from(streamed);
         Ok(Some(id))
     }
 
@@ -757,6 +769,8 @@ impl<C: Channel> World<C> {
         // SAFETY: the caller lends the buffers for this call and they hold `len` bytes;
         // we hold the pair buffer until the receiver frees it.
         unsafe { pb.fill(bufs.segs(), len) };
+        self.sent.paired += 1;
+        self.sent.paired_short += u64::from(len <= self.cfg.eager_limit);
         Ok(true)
     }
 
@@ -785,6 +799,7 @@ impl<C: Channel> World<C> {
             h = wire::ctrl(MDATA, 0);
             off += n;
         }
+        self.sent.medium_packets += 1;
         Ok(())
     }
 
