@@ -201,11 +201,13 @@ pub const MAX_MEDIUM_LIMIT: usize = medium::MEDIUM_MAX;
 
 /// The medium limit while streaming to a peer unless `NEMESIS_STREAM_MEDIUM_LIMIT` says,
 /// where a rendezvous just above it would copy by the kernel (CMA: the default order on
-/// Intel CPUs, where CMA is permitted): in osu_bw streams of 48 to 128 KiB on the Intel
-/// Xeon guests, a rendezvous, whose receiver copies once, moved 1.3–1.8 times what a run
-/// of packets, copied in and out, did; at 32 KiB they were even, and through the copy
+/// Intel CPUs, where CMA is permitted): one byte below the size from which automatic
+/// selection takes CMA at all, so a stream's messages from 32 KiB go by rendezvous. In
+/// osu_bw streams on the Intel Xeon guests a rendezvous, whose receiver copies once,
+/// moved 1.1 times what a run of packets, copied in and out, did at 32 KiB (with cells of
+/// 8320 bytes; even with 8192) and 1.3–1.8 times from 48 to 128 KiB; through the copy
 /// ring it moved less (BENCHMARKS.md). Elsewhere the medium limit holds in a stream too.
-pub const DEFAULT_STREAM_MEDIUM_LIMIT: usize = 32 << 10;
+pub const DEFAULT_STREAM_MEDIUM_LIMIT: usize = nemesis_lmt::policy::AUTO_CMA_MIN - 1;
 
 /// Tunables, from the environment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
