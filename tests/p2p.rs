@@ -600,17 +600,31 @@ fn run_net(n: u32, role: &str, dir: &std::path::Path, netmod: &str) -> std::proc
 fn stress_over_each_netmod() {
     for netmod in NETMODS {
         let dir = shm_dir(&format!("p2p-stress-{netmod}"));
-        let o = run_net(4, "stress", &dir, netmod)
-            .env("STRESS_SEED", "11")
-            .env("STRESS_ROUNDS", "30")
-            .output()
-            .unwrap();
-        assert_ranks_said(&o, "messages checked", 4, netmod);
-        if netmod == "tcp" {
-            // The long eager messages into blocking receives took the landing path.
-            assert!(landed(&o) > 0, "tcp landed no packets\n{}", text(&o));
+        let mut landings = Vec::new();
+        // Over tcp the long eager messages into blocking receives take the landing path,
+        // 15 to 20 times a run on an idle machine. On one loaded enough that a receiver
+        // runs only after a whole frame is in its socket, the connection reads the frame
+        // before anything can land (1 to 3 times a run with three CPU hogs beside it,
+        // none in one CI run): up to three seeds, until one lands something.
+        for seed in ["11", "12", "13"] {
+            let o = run_net(4, "stress", &dir, netmod)
+                .env("STRESS_SEED", seed)
+                .env("STRESS_ROUNDS", "30")
+                .output()
+                .unwrap();
+            assert_ranks_said(&o, "messages checked", 4, netmod);
+            assert!(leftovers(&dir).is_empty());
+            landings.push(landed(&o));
+            if netmod != "tcp" || landings.last() > Some(&0) {
+                break;
+            }
         }
-        assert!(leftovers(&dir).is_empty());
+        if netmod == "tcp" {
+            assert!(
+                landings.iter().any(|&n| n > 0),
+                "tcp landed no packets in {landings:?}"
+            );
+        }
     }
 }
 

@@ -166,11 +166,15 @@ fn receive_round(w: &mut World, c: &Comm, mix: &mut Mix, mine: &[Msg]) -> Result
 
 /// The tag of the relayed messages, which no planned message has.
 const RELAY_TAG: i32 = 7;
+/// Tag of the word a rank sends its predecessor on the ring as it starts to wait.
+const READY_TAG: i32 = 6;
 
 /// Passes a message of a length drawn from the seed around the ring of ranks, from a
-/// rank drawn too: every other rank waits in a blocking receive naming its source before
-/// the message is sent, so a long one over tcp lands straight in the receive buffer
-/// while it arrives. Returns how many messages this rank checked.
+/// rank drawn too: every rank waits in a blocking receive naming its source before the
+/// message is sent to it (it says so first, and its predecessor waits for the word), so
+/// a long one over tcp lands straight in the receive buffer while it arrives, however
+/// late a loaded machine schedules the receiver. Returns how many messages this rank
+/// checked.
 fn relay(w: &mut World, c: &Comm, seed: u64, round: usize) -> Result<usize, String> {
     let (me, n) = (w.rank(), w.size());
     if n < 2 {
@@ -191,12 +195,19 @@ fn relay(w: &mut World, c: &Comm, seed: u64, round: usize) -> Result<usize, Stri
         len,
         seq: 1 << 32 | round as u64,
     };
-    if me == start {
-        w.send(c, next, RELAY_TAG, &payload(&hop(me, next)))
+    let pass = |w: &mut World| -> Result<(), String> {
+        let mut ready = [0u8; 1];
+        w.recv(c, next, READY_TAG, &mut ready)
             .map_err(|e| e.to_string())?;
+        w.send(c, next, RELAY_TAG, &payload(&hop(me, next)))
+            .map_err(|e| e.to_string())
+    };
+    if me == start {
+        pass(w)?;
     }
     let m = hop(prev, me);
     let mut b = vec![0u8; len];
+    w.send(c, prev, READY_TAG, &[1]).map_err(|e| e.to_string())?;
     let st = w.recv(c, prev, RELAY_TAG, &mut b).map_err(|e| e.to_string())?;
     if st.source != prev || st.tag != RELAY_TAG || st.len != len {
         return Err(format!("rank {me} expected {m:?} on the relay, got {st:?}"));
@@ -205,8 +216,7 @@ fn relay(w: &mut World, c: &Comm, seed: u64, round: usize) -> Result<usize, Stri
         return Err(format!("rank {me}: the contents of the relayed {m:?} differ"));
     }
     if me != start {
-        w.send(c, next, RELAY_TAG, &payload(&hop(me, next)))
-            .map_err(|e| e.to_string())?;
+        pass(w)?;
     }
     Ok(1)
 }
