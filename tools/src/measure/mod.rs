@@ -881,11 +881,22 @@ fn partner() -> Result<()> {
         yields: 0,
         ..policy
     };
+    // Packets of ours that a world of the partner's took while it ran, in order.
+    let mut early: std::collections::VecDeque<(Header, Vec<u8>)> = Default::default();
     loop {
-        ch.shm_mut().set_wait_policy(idle);
-        let got = blocking_recv(&mut ch, &mut buf, &mut alive);
-        ch.shm_mut().set_wait_policy(policy);
-        let (h, len) = got?;
+        let (h, len) = match early.pop_front() {
+            Some((h, data)) => {
+                let n = data.len().min(buf.len());
+                buf[..n].copy_from_slice(&data[..n]);
+                (h, data.len())
+            }
+            None => {
+                ch.shm_mut().set_wait_policy(idle);
+                let got = blocking_recv(&mut ch, &mut buf, &mut alive);
+                ch.shm_mut().set_wait_policy(policy);
+                got?
+            }
+        };
         if h.kind != KIND_CTRL {
             return Err(MeasureError::Protocol(format!(
                 "expected a control packet, got {h:?}"
@@ -1041,7 +1052,7 @@ fn partner() -> Result<()> {
             OP_RMA => {
                 let code = args_of(&buf[..len])?[2];
                 ch.send_bytes(0, ack, &[])?;
-                rma::serve(&mut ch, count, arg, code)?;
+                early.extend(rma::serve(&mut ch, count, arg, code)?);
             }
             OP_QUIT => {
                 ch.flush(Duration::from_secs(10))?;
