@@ -9,6 +9,7 @@
 
 mod clock;
 mod coll;
+mod early;
 mod netmem;
 pub mod peers;
 mod pin;
@@ -882,7 +883,7 @@ fn partner() -> Result<()> {
         ..policy
     };
     // Packets of ours that a world of the partner's took while it ran, in order.
-    let mut early: std::collections::VecDeque<(Header, Vec<u8>)> = Default::default();
+    let mut early = early::Stash::new();
     loop {
         let (h, len) = match early.pop_front() {
             Some((h, data)) => {
@@ -918,16 +919,18 @@ fn partner() -> Result<()> {
             }
             OP_ECHO_P2P => {
                 ch.send_bytes(0, ack, &[])?;
-                let mut w = nemesis::World::new(&mut ch).map_err(|e| MeasureError::Other(e.to_string()))?;
-                let c = w.comm();
-                let mut big = vec![0u8; arg as usize];
-                for _ in 0..count {
-                    let st = w
-                        .recv(&c, 0, 0, &mut big)
-                        .map_err(|e| MeasureError::Other(e.to_string()))?;
-                    w.send(&c, 0, 0, &big[..st.len])
-                        .map_err(|e| MeasureError::Other(e.to_string()))?;
-                }
+                early::with_world(&mut ch, &mut early, |w| {
+                    let c = w.comm();
+                    let mut big = vec![0u8; arg as usize];
+                    for _ in 0..count {
+                        let st = w
+                            .recv(&c, 0, 0, &mut big)
+                            .map_err(|e| MeasureError::Other(e.to_string()))?;
+                        w.send(&c, 0, 0, &big[..st.len])
+                            .map_err(|e| MeasureError::Other(e.to_string()))?;
+                    }
+                    Ok(())
+                })?;
             }
             OP_PROBE | OP_FLOOR => {
                 let seg = probe_seg.clone();
@@ -969,50 +972,52 @@ fn partner() -> Result<()> {
                 set_lmt(&mut ch, code)?;
                 ch.send_bytes(0, ack, &[])?;
                 let other = |e: nemesis::P2pError| MeasureError::Other(e.to_string());
-                let mut w = nemesis::World::new(&mut ch).map_err(other)?;
-                let c = w.comm();
-                // As osu_bw does, the window's receives are posted before any arrives, so a
-                // rendezvous's handshakes overlap; as many buffers as fit SINK_BYTES.
-                let depth = (SINK_BYTES / size.max(1)).clamp(1, window) as usize;
-                let depth = if osu { 1 } else { depth };
-                let mut sinks: Vec<Buf> = (0..depth)
-                    .map(|_| kind.make(size as usize))
-                    .collect::<Result<_>>()?;
-                for _ in 0..count {
-                    if osu {
-                        // osu_bw's receiver: the whole window posted into one buffer.
-                        let (p, n) = (sinks[0].as_mut_ptr(), size as usize);
-                        w.scope(|s| {
-                            // As osu_bw's array of requests, made before the window,
-                            // and as the sender's: collected from an iterator of
-                            // results, the requests were moved three times each.
-                            let mut reqs = Vec::with_capacity(window as usize);
-                            for _ in 0..window {
-                                // SAFETY: the buffer outlives the scope, and only these
-                                // receives touch it until the scope ends.
-                                reqs.push(unsafe { s.irecv_raw(&c, 0, 1, p, n) }?);
-                            }
-                            s.waitall(reqs).map(|_| ())
-                        })
-                        .map_err(other)?;
+                early::with_world(&mut ch, &mut early, |w| {
+                    let c = w.comm();
+                    // As osu_bw does, the window's receives are posted before any arrives, so a
+                    // rendezvous's handshakes overlap; as many buffers as fit SINK_BYTES.
+                    let depth = (SINK_BYTES / size.max(1)).clamp(1, window) as usize;
+                    let depth = if osu { 1 } else { depth };
+                    let mut sinks: Vec<Buf> = (0..depth)
+                        .map(|_| kind.make(size as usize))
+                        .collect::<Result<_>>()?;
+                    for _ in 0..count {
+                        if osu {
+                            // osu_bw's receiver: the whole window posted into one buffer.
+                            let (p, n) = (sinks[0].as_mut_ptr(), size as usize);
+                            w.scope(|s| {
+                                // As osu_bw's array of requests, made before the window,
+                                // and as the sender's: collected from an iterator of
+                                // results, the requests were moved three times each.
+                                let mut reqs = Vec::with_capacity(window as usize);
+                                for _ in 0..window {
+                                    // SAFETY: the buffer outlives the scope, and only these
+                                    // receives touch it until the scope ends.
+                                    reqs.push(unsafe { s.irecv_raw(&c, 0, 1, p, n) }?);
+                                }
+                                s.waitall(reqs).map(|_| ())
+                            })
+                            .map_err(other)?;
+                            w.send(&c, 0, 2, &[0; 4]).map_err(other)?;
+                            continue;
+                        }
+                        let mut left = window as usize;
+                        while left > 0 {
+                            let k = left.min(depth);
+                            w.scope(|s| {
+                                let mut reqs = Vec::with_capacity(k);
+                                for b in &mut sinks[..k] {
+                                    reqs.push(s.irecv(&c, 0, 1, &mut b[..])?);
+                                }
+                                s.waitall(reqs).map(|_| ())
+                            })
+                            .map_err(other)?;
+                            left -= k;
+                        }
                         w.send(&c, 0, 2, &[0; 4]).map_err(other)?;
-                        continue;
                     }
-                    let mut left = window as usize;
-                    while left > 0 {
-                        let k = left.min(depth);
-                        w.scope(|s| {
-                            let mut reqs = Vec::with_capacity(k);
-                            for b in &mut sinks[..k] {
-                                reqs.push(s.irecv(&c, 0, 1, &mut b[..])?);
-                            }
-                            s.waitall(reqs).map(|_| ())
-                        })
-                        .map_err(other)?;
-                        left -= k;
-                    }
-                    w.send(&c, 0, 2, &[0; 4]).map_err(other)?;
-                }
+                    Ok(())
+                })?;
             }
             OP_TCP_CONNECT => {
                 let s = TcpStream::connect((Ipv4Addr::LOCALHOST, count as u16))
@@ -1052,7 +1057,7 @@ fn partner() -> Result<()> {
             OP_RMA => {
                 let code = args_of(&buf[..len])?[2];
                 ch.send_bytes(0, ack, &[])?;
-                early.extend(rma::serve(&mut ch, count, arg, code)?);
+                rma::serve(&mut ch, &mut early, count, arg, code)?;
             }
             OP_QUIT => {
                 ch.flush(Duration::from_secs(10))?;

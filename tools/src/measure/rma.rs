@@ -4,9 +4,8 @@
 
 use super::{MeasureError, OP_RMA, Pair, Result};
 use nemesis::channel::NemesisChannel;
-use nemesis::progress::{Outbox, Protocol, ProtocolId};
 use nemesis::rma::{AccOp, Assert, Executor, LockKind, Window};
-use nemesis::{Header, P2pError, Packet, World};
+use nemesis::{P2pError, World};
 
 /// What is timed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -172,27 +171,15 @@ impl Pair {
     }
 }
 
-/// The benchmark's own packets that reach the partner's world: the parent's next command,
-/// which the parent may send as soon as it has left its world, while the partner's is
-/// still freeing the window. Unregistered, the world would drop it and the pair would
-/// wait for each other for ever.
-#[derive(Debug, Default)]
-struct Early(Vec<(Header, Vec<u8>)>);
-
-impl Protocol for Early {
-    fn handle(&mut self, p: Packet<'_>, _: &mut Outbox) {
-        self.0.push((p.header, p.payload.to_vec()));
-    }
-}
-
-/// The partner's side of [`Pair::rma`]. Returns the benchmark packets that came while
-/// its world ran, in order, for the partner's loop to take before any others.
+/// The partner's side of [`Pair::rma`]; the benchmark's packets that come while its
+/// world runs go to `early`.
 pub(super) fn serve(
     ch: &mut NemesisChannel,
+    early: &mut super::early::Stash,
     count: u64,
     size: u64,
     code: u64,
-) -> Result<Vec<(Header, Vec<u8>)>> {
+) -> Result<()> {
     let op = RmaOp::ALL
         .get((code & 0xff) as usize)
         .copied()
@@ -207,15 +194,11 @@ pub(super) fn serve(
     } else {
         Executor::Cpu
     };
-    let mut w = World::new(ch).map_err(other)?;
-    w.register(ProtocolId::BENCH, Early::default())
-        .map_err(|e| MeasureError::Other(e.to_string()))?;
-    let c = w.comm();
-    w.recv(&c, 0, GO_TAG, &mut []).map_err(other)?;
-    run(&mut w, op, sync, executor, size as usize, count, 0, None)?;
-    Ok(w.protocol_mut::<Early>(ProtocolId::BENCH)
-        .map(|e| std::mem::take(&mut e.0))
-        .unwrap_or_default())
+    super::early::with_world(ch, early, |w| {
+        let c = w.comm();
+        w.recv(&c, 0, GO_TAG, &mut []).map_err(other)?;
+        run(w, op, sync, executor, size as usize, count, 0, None)
+    })
 }
 
 /// Both sides: make the window, and time from rank 0 (`timing` is its clock and
