@@ -394,21 +394,45 @@ pub trait Channel {
         }
     }
 
-    /// Drives progress until every queued send has reached the transport.
-    fn flush(&mut self, timeout: Duration) -> Result<(), ChannelError> {
-        let deadline = Instant::now() + timeout;
-        while self.pending() > 0 {
-            self.poll(|_| {})?;
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(ChannelError::FlushTimeout {
-                    pending: self.pending(),
-                    waited: timeout,
-                });
-            }
-            self.wait(Some(deadline - now))?;
+    /// Drives progress until every queued send has reached the transport (for a
+    /// network, until the peer has it for good), or `timeout` passes. Packets that
+    /// arrive meanwhile are kept, in order, and handed up first by the next poll:
+    /// a flush loses nothing.
+    ///
+    /// # Errors
+    /// [`ChannelError::FlushTimeout`] with what is still owed, or the transport's error.
+    fn flush(&mut self, timeout: Duration) -> Result<(), ChannelError>;
+}
+
+/// A packet a flush took in: its sender, header and payload, kept for the next poll.
+pub(crate) type Kept = (Rank, Header, Vec<u8>);
+
+/// How long a flush sleeps at most between looks at what it owes.
+const FLUSH_LOOK: Duration = Duration::from_millis(10);
+
+/// The loop of a channel's [`Channel::flush`]: polls and waits until `owed` is 0 or
+/// `timeout` passes, pushing every packet that arrives onto `kept`. They are kept apart
+/// until the end, so that the waits in between sleep instead of finding them.
+pub(crate) fn drive_until_delivered<C: Channel>(
+    ch: &mut C,
+    timeout: Duration,
+    owed: impl Fn(&C) -> usize,
+    kept: &mut Vec<Kept>,
+) -> Result<(), ChannelError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if owed(ch) == 0 {
+            return Ok(());
         }
-        Ok(())
+        ch.poll(|p| kept.push((p.src, p.header, p.payload.to_vec())))?;
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(ChannelError::FlushTimeout {
+                pending: owed(ch),
+                waited: timeout,
+            });
+        }
+        ch.wait(Some((deadline - now).min(FLUSH_LOOK)))?;
     }
 }
 

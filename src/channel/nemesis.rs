@@ -595,22 +595,10 @@ impl Channel for NemesisChannel {
     /// (tcp) or acknowledged (udp). Packets that arrive meanwhile are dropped, so call it
     /// only when nothing more is expected.
     fn flush(&mut self, timeout: Duration) -> Result<(), ChannelError> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let owed = self.shm.pending() + self.net_owed();
-            if owed == 0 {
-                return Ok(());
-            }
-            self.poll(|_| {})?;
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(ChannelError::FlushTimeout {
-                    pending: owed,
-                    waited: timeout,
-                });
-            }
-            self.wait(Some((deadline - now).min(Duration::from_millis(10))))?;
-        }
+        let mut kept = Vec::new();
+        let r = super::drive_until_delivered(self, timeout, |c| c.shm.pending() + c.net_owed(), &mut kept);
+        self.shm.hold(kept);
+        r
     }
 }
 
@@ -781,6 +769,26 @@ mod tests {
         assert_eq!(drain(&mut j[2]).len(), 1);
         j[0].flush(Duration::from_secs(5)).unwrap();
         assert!(wire.lock().unwrap().queues[&(0, 2)].is_empty());
+    }
+
+    /// What arrives while a flush waits, from the network or from the node, is handed up
+    /// by the next poll, before anything newer from the same sender.
+    #[test]
+    fn a_flush_keeps_what_arrives_meanwhile() {
+        let (mut j, _wire) = job(10);
+        j[2].send_bytes(0, tag(20), b"net").unwrap();
+        j[1].send_bytes(0, tag(10), b"node").unwrap();
+        j[0].send_bytes(2, tag(0), b"a").unwrap();
+        let e = j[0].flush(Duration::from_millis(20)).unwrap_err();
+        assert!(matches!(e, ChannelError::FlushTimeout { .. }), "{e}");
+        j[1].send_bytes(0, tag(11), b"later").unwrap();
+        assert!(
+            !j[0].poll_from(1, |_| {}),
+            "a held packet from rank 1 comes first"
+        );
+        let got = drain(&mut j[0]);
+        let tags: Vec<(Rank, i32)> = got.iter().map(|m| (m.0, m.1)).collect();
+        assert_eq!(tags, [(1, 10), (2, 20), (1, 11)], "{got:?}");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use super::pending::Pending;
 use super::wait::{WaitPolicy, outnumber, usable_cpus};
-use super::{Channel, ChannelError, Header, Packet, Rank, SendStatus, SendTicket};
+use super::{Channel, ChannelError, Header, Kept, Packet, Rank, SendStatus, SendTicket};
 use crate::bootstrap::{Boot, BootInfo};
 use nemesis_lmt::{LocalLmt, Policy};
 use nemesis_shm::config::shm_dir;
@@ -33,8 +33,9 @@ pub struct ShmChannel {
     rank_of: Vec<Rank>,
     /// Packets waiting for room, per local destination, in order.
     pending: Pending,
-    /// Packets to ourselves.
-    loopback: VecDeque<(Header, Vec<u8>)>,
+    /// Packets to hand up before the port's, in order, with their senders: those we
+    /// sent ourselves, and those a flush took in (see [`super::Kept`]).
+    held: VecDeque<Kept>,
     policy: WaitPolicy,
     max_payload: usize,
     /// The line to the process manager, kept for lazy lookups and finalized on drop.
@@ -193,7 +194,7 @@ impl ShmChannel {
             local_of,
             rank_of: local_ranks.to_vec(),
             pending: Pending::new(n, false),
-            loopback: VecDeque::new(),
+            held: VecDeque::new(),
             policy,
             max_payload,
             boot: None,
@@ -224,10 +225,18 @@ impl ShmChannel {
         self.policy = policy;
     }
 
+    /// Keeps `kept`, taken in by a flush, to hand up first at the next poll.
+    pub(super) fn hold(&mut self, kept: Vec<Kept>) {
+        if !kept.is_empty() {
+            self.held.extend(kept);
+            self.extra = true;
+        }
+    }
+
     /// Whether a poll would find something.
     #[inline]
     pub fn ready(&self) -> bool {
-        !self.loopback.is_empty() || self.port.has_work()
+        !self.held.is_empty() || self.port.has_work()
     }
 
     /// Whether other processes share the segment.
@@ -238,7 +247,7 @@ impl ShmChannel {
     /// Sleeps on our doorbell until a local peer rings it or `timeout` passes, unless
     /// something is already there.
     pub(super) fn sleep(&mut self, timeout: Duration) {
-        if self.loopback.is_empty() {
+        if self.held.is_empty() {
             self.port.sleep(Some(timeout));
         }
     }
@@ -323,7 +332,7 @@ impl ShmChannel {
         }
         match local {
             SELF => {
-                self.loopback.push_back((header, payload.concat()));
+                self.held.push_back((self.rank, header, payload.concat()));
                 self.extra = true;
                 Ok(SendStatus::Sent)
             }
@@ -373,7 +382,7 @@ impl ShmChannel {
     }
 
     /// What a poll does besides the port's: withdraws an arm, moves pending sends on,
-    /// and hands up the packets we sent ourselves.
+    /// and hands up the packets held back (ours to ourselves, a flush's).
     fn poll_extra<F: FnMut(Packet<'_>)>(&mut self, sink: &mut F) -> usize {
         if self.armed {
             self.disarm();
@@ -381,21 +390,21 @@ impl ShmChannel {
         if self.pending.count() > 0 {
             self.drain_pending();
         }
-        let n = if self.loopback.is_empty() {
+        let n = if self.held.is_empty() {
             0
         } else {
-            self.drain_loopback(sink)
+            self.drain_held(sink)
         };
-        self.extra = self.pending.count() > 0 || !self.loopback.is_empty();
+        self.extra = self.pending.count() > 0 || !self.held.is_empty();
         n
     }
 
-    /// Hands up the packets we sent ourselves.
-    fn drain_loopback<F: FnMut(Packet<'_>)>(&mut self, sink: &mut F) -> usize {
+    /// Hands up the packets held back, in order.
+    fn drain_held<F: FnMut(Packet<'_>)>(&mut self, sink: &mut F) -> usize {
         let mut n = 0;
-        while let Some((header, data)) = self.loopback.pop_front() {
+        while let Some((src, header, data)) = self.held.pop_front() {
             sink(Packet {
-                src: self.rank,
+                src,
                 header,
                 payload: &data,
             });
@@ -454,6 +463,13 @@ impl Channel for ShmChannel {
         self.pending.count()
     }
 
+    fn flush(&mut self, timeout: Duration) -> Result<(), ChannelError> {
+        let mut kept = Vec::new();
+        let r = super::drive_until_delivered(self, timeout, |c| c.pending.count(), &mut kept);
+        self.hold(kept);
+        r
+    }
+
     fn room_for_run(&mut self, peer: Rank, packets: usize) -> bool {
         match self.local_of.get(peer as usize) {
             Some(&local) if local < self.rank_of.len() as u32 => {
@@ -480,11 +496,12 @@ impl Channel for ShmChannel {
     }
 
     /// Looks in `peer`'s fastbox, where the next packet from `peer` usually is; not while
-    /// sends wait in the pending lists, which only a full poll moves on.
+    /// a full poll has more to do (sends waiting in the pending lists, which only it moves
+    /// on, or held packets, which come before anything newer from their sender).
     #[inline]
     fn poll_from<F: FnMut(Packet<'_>)>(&mut self, peer: Rank, mut sink: F) -> bool {
         match self.local_of.get(peer as usize) {
-            Some(&local) if local < self.rank_of.len() as u32 && self.pending.count() == 0 => {
+            Some(&local) if local < self.rank_of.len() as u32 && !self.extra => {
                 self.port.poll_fbox_of(local, |_, env, payload| {
                     sink(Packet {
                         src: peer,
@@ -537,7 +554,7 @@ impl Channel for ShmChannel {
     }
 
     fn arm(&mut self) -> Result<bool, ChannelError> {
-        if !self.loopback.is_empty() {
+        if !self.held.is_empty() {
             return Ok(false);
         }
         if self.wake.is_none() {
@@ -739,11 +756,16 @@ mod tests {
             pair_size: 0,
         };
         let mut j = local_job(2, geo);
+        j[1].send_bytes(0, tag(100), b"y").unwrap();
         for i in 0..5 {
             j[0].send_bytes(1, tag(i), b"x").unwrap();
         }
         let e = j[0].flush(Duration::from_millis(20)).unwrap_err();
         assert!(matches!(e, ChannelError::FlushTimeout { pending: 3, .. }), "{e}");
+        // What came in while it waited is kept for the next poll, not dropped.
+        let got = recv_all(&mut j[0]);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!((got[0].0, got[0].1.tag), (1, 100));
     }
 
     #[test]
