@@ -271,25 +271,18 @@ fn spin_recv(
     }
 }
 
-/// Waits (spin, yield, sleep) until one packet arrives; copies up to `buf.len()` bytes
-/// of it into `buf` and returns its header and length.
+/// Waits (spin, yield, sleep) until packets arrive, and appends every one that a poll
+/// hands up to `into`, in order.
 fn blocking_recv(
     ch: &mut NemesisChannel,
-    buf: &mut [u8],
+    into: &mut early::Stash,
     peers_alive: &mut dyn FnMut() -> Result<()>,
-) -> Result<(Header, usize)> {
+) -> Result<()> {
     let mut last_check = Instant::now();
     loop {
-        let mut got = None;
-        ch.poll(|p| {
-            if got.is_none() {
-                let n = p.payload.len().min(buf.len());
-                buf[..n].copy_from_slice(&p.payload[..n]);
-                got = Some((p.header, p.payload.len()));
-            }
-        })?;
-        if let Some(g) = got {
-            return Ok(g);
+        ch.poll(|p| into.push_back((p.header, p.payload.to_vec())))?;
+        if !into.is_empty() {
+            return Ok(());
         }
         ch.wait(Some(Duration::from_secs(1)))?;
         if last_check.elapsed() >= Duration::from_secs(1) {
@@ -882,22 +875,21 @@ fn partner() -> Result<()> {
         yields: 0,
         ..policy
     };
-    // Packets of ours that a world of the partner's took while it ran, in order.
+    // Commands not obeyed yet, in order: those a world of the partner's took while it
+    // ran, and any that came in one poll with another.
     let mut early = early::Stash::new();
     loop {
-        let (h, len) = match early.pop_front() {
-            Some((h, data)) => {
-                let n = data.len().min(buf.len());
-                buf[..n].copy_from_slice(&data[..n]);
-                (h, data.len())
-            }
-            None => {
-                ch.shm_mut().set_wait_policy(idle);
-                let got = blocking_recv(&mut ch, &mut buf, &mut alive);
-                ch.shm_mut().set_wait_policy(policy);
-                got?
-            }
+        if early.is_empty() {
+            ch.shm_mut().set_wait_policy(idle);
+            let got = blocking_recv(&mut ch, &mut early, &mut alive);
+            ch.shm_mut().set_wait_policy(policy);
+            got?;
+        }
+        let Some((h, data)) = early.pop_front() else {
+            continue;
         };
+        let len = data.len().min(buf.len());
+        buf[..len].copy_from_slice(&data[..len]);
         if h.kind != KIND_CTRL {
             return Err(MeasureError::Protocol(format!(
                 "expected a control packet, got {h:?}"
