@@ -332,6 +332,43 @@ fn overlay(env: &[(OsString, OsString)]) -> impl Fn(&str) -> Option<String> + '_
     }
 }
 
+/// What [`Pair::stream_p2p`] streams.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamPlan {
+    /// Bytes of each message.
+    pub size: usize,
+    /// Non-blocking sends per window.
+    pub window: u64,
+    /// Timed windows.
+    pub iters: u64,
+    /// Untimed windows before them.
+    pub warmup: u64,
+    /// The large-message strategy of both sides: `None`, automatic (medium messages
+    /// included); a strategy named forces the rendezvous.
+    pub lmt: Option<nemesis::lmt::Strategy>,
+    /// The receiver pre-posts the window into one buffer, as osu_bw's does, instead of
+    /// distinct ones.
+    pub osu: bool,
+    /// The sender's medium limit in a stream; `None`, as the environment says.
+    pub stream_medium_limit: Option<usize>,
+}
+
+impl StreamPlan {
+    /// `warmup + iters` windows of `window` messages of `size` bytes, with the
+    /// automatic strategy, into distinct buffers.
+    pub fn new(size: usize, window: u64, iters: u64, warmup: u64) -> Self {
+        Self {
+            size,
+            window,
+            iters,
+            warmup,
+            lmt: None,
+            osu: false,
+            stream_medium_limit: None,
+        }
+    }
+}
+
 /// Two processes, this one rank 0, measuring the channel between them.
 #[derive(Debug)]
 pub struct Pair {
@@ -667,38 +704,19 @@ impl Pair {
         Ok(start.elapsed().as_secs_f64())
     }
 
-    /// osu_bw-style streaming through two-sided messaging: `warmup + iters` windows of
-    /// `window` non-blocking sends of `size` bytes, each window acknowledged by a
-    /// message back. Both sides use large-message strategy `lmt` (`None`: automatic,
-    /// medium messages included; a strategy named forces the rendezvous). The receiver
-    /// pre-posts the window into distinct buffers, or with `osu` into one buffer, as
-    /// osu_bw's receiver does. Returns the seconds the last
-    /// `iters` windows took.
-    pub fn stream_p2p(
-        &mut self,
-        size: usize,
-        window: u64,
-        iters: u64,
-        warmup: u64,
-        lmt: Option<nemesis::lmt::Strategy>,
-        osu: bool,
-    ) -> Result<f64> {
-        self.stream_p2p_limited(size, window, iters, warmup, lmt, osu, None)
-    }
-
-    /// [`Pair::stream_p2p`] with the sender's medium limit in a stream set to
-    /// `stream_medium_limit` (`None`: as the environment says).
-    #[allow(clippy::too_many_arguments)]
-    pub fn stream_p2p_limited(
-        &mut self,
-        size: usize,
-        window: u64,
-        iters: u64,
-        warmup: u64,
-        lmt: Option<nemesis::lmt::Strategy>,
-        osu: bool,
-        stream_medium_limit: Option<usize>,
-    ) -> Result<f64> {
+    /// osu_bw-style streaming through two-sided messaging, as `plan` says: windows of
+    /// non-blocking sends, each window acknowledged by a message back. Returns the
+    /// seconds the timed windows took.
+    pub fn stream_p2p(&mut self, plan: StreamPlan) -> Result<f64> {
+        let StreamPlan {
+            size,
+            window,
+            iters,
+            warmup,
+            lmt,
+            osu,
+            stream_medium_limit,
+        } = plan;
         let code = lmt.map_or(0, |s| s as u64 + 1);
         set_lmt(&mut self.ch, code)?;
         let osu_bit = u64::from(osu) << SINK_OSU_BIT;

@@ -2,7 +2,7 @@
 //! peer's side is `scripts/peers/osu_peer.c` built with each MPI's `mpicc`, started by
 //! a command line the caller gives, and read back as JSON lines in nemesis-bench's units.
 
-use super::{MeasureError, Pair, Result, Summary};
+use super::{MeasureError, Pair, Result, StreamPlan, Summary};
 use std::collections::BTreeMap;
 use std::process::Command;
 
@@ -142,18 +142,19 @@ pub fn round(pair: &mut Pair, peers: &[Peer], plan: &Plan, probe: &mut Vec<f64>)
                 }
                 Test::Bandwidth => {
                     let iters = bw_iters(size, plan.window);
-                    let secs = pair.stream_p2p(size, plan.window, iters, (iters / 10).max(1), None, true)?;
+                    let secs = pair.stream_p2p(StreamPlan {
+                        osu: true,
+                        ..StreamPlan::new(size, plan.window, iters, (iters / 10).max(1))
+                    })?;
                     (size as u64 * plan.window * iters) as f64 / secs / 1e6
                 }
                 Test::Rate => {
-                    let secs = pair.stream_p2p(
+                    let secs = pair.stream_p2p(StreamPlan::new(
                         size,
                         plan.window,
                         plan.rate_iters,
                         plan.rate_iters / 10,
-                        None,
-                        false,
-                    )?;
+                    ))?;
                     (plan.window * plan.rate_iters) as f64 / secs
                 }
                 Test::Barrier | Test::Allreduce => unreachable!("collectives are measured apart"),

@@ -4,7 +4,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use nemesis::Channel as _;
 use nemesis::shm::{Geometry, Segment};
-use nemesis_tools::measure::{self, Layer, Pair, Summary, Transport};
+use nemesis_tools::measure::{self, Layer, Pair, StreamPlan, Summary, Transport};
 use std::fmt::Write as _;
 use std::io::IsTerminal;
 
@@ -127,7 +127,11 @@ fn calibrate(a: &CalibrateArgs, json: bool) -> Result<()> {
                         r + 1,
                         a.rounds
                     ));
-                    let t = pair.stream_p2p(size, a.window, iters, (iters / 10).max(1), Some(s), osu)?;
+                    let t = pair.stream_p2p(StreamPlan {
+                        lmt: Some(s),
+                        osu,
+                        ..StreamPlan::new(size, a.window, iters, (iters / 10).max(1))
+                    })?;
                     secs.entry((size, osu, i)).or_default().push(t);
                 }
             }
@@ -143,15 +147,11 @@ fn calibrate(a: &CalibrateArgs, json: bool) -> Result<()> {
                         r + 1,
                         a.rounds
                     ));
-                    let t = pair.stream_p2p_limited(
-                        size,
-                        a.window,
-                        iters,
-                        (iters / 10).max(1),
-                        None,
+                    let t = pair.stream_p2p(StreamPlan {
                         osu,
-                        Some(limit),
-                    )?;
+                        stream_medium_limit: Some(limit),
+                        ..StreamPlan::new(size, a.window, iters, (iters / 10).max(1))
+                    })?;
                     stream_secs.entry((size, osu, k)).or_default().push(t);
                 }
             }
@@ -820,7 +820,11 @@ fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Result<()> {
                         a.rounds
                     ));
                     pair.set_buffers(bufs);
-                    secs[k][i].push(pair.stream_p2p(size, a.window, iters, warmup, lmt, a.osu)?);
+                    secs[k][i].push(pair.stream_p2p(StreamPlan {
+                        lmt,
+                        osu: a.osu,
+                        ..StreamPlan::new(size, a.window, iters, warmup)
+                    })?);
                 }
                 pair.set_buffers(measure::BufKind::Heap);
                 if pair.transport() != Transport::Shm {
@@ -1345,7 +1349,7 @@ fn msgrate(pair: &mut Pair, a: &RateArgs, json: bool) -> Result<()> {
             pair.probe(2_000, 200, &mut rtt)?;
             probe.push(median(rtt.iter().map(|&t| clock.ns(t) / 2.0).collect()));
             if p2p {
-                p2p_secs.push(pair.stream_p2p(size, r.window, r.iters, r.warmup, None, false)?);
+                p2p_secs.push(pair.stream_p2p(StreamPlan::new(size, r.window, r.iters, r.warmup))?);
             }
             chan_secs.push(pair.stream(size, r.window, r.iters, r.warmup)?);
         }

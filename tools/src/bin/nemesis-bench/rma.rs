@@ -6,7 +6,8 @@ use anyhow::{Context, Result};
 use clap::Args;
 use nemesis::rma::Executor;
 use nemesis_tools::measure::{
-    self, CRUNCH_PASSES, GET_WINDOW, Layer, OVERLAP_PART, RmaOp, RmaSync, Summary, Transport, crunch,
+    self, CRUNCH_PASSES, GET_WINDOW, Layer, OVERLAP_PART, RmaOp, RmaSync, StreamPlan, Summary, Transport,
+    crunch,
 };
 
 #[derive(Args, Debug, Clone)]
@@ -204,7 +205,8 @@ pub(crate) fn rma(a: &RmaArgs, json: bool) -> Result<()> {
             }
             if with_bw {
                 let w = bw_windows(a.bw_size, a.iters);
-                let secs = pair.stream_p2p(a.bw_size, GET_WINDOW as u64, w, (w / 4).max(1), None, false)?;
+                let secs =
+                    pair.stream_p2p(StreamPlan::new(a.bw_size, GET_WINDOW as u64, w, (w / 4).max(1)))?;
                 p2p_bw[k].push((a.bw_size * GET_WINDOW) as f64 * w as f64 / secs / 1e6);
             }
         }
