@@ -689,7 +689,14 @@ impl Pair {
                 let first: &[u8] = chunks.next().unwrap_or(&[]);
                 for piece in std::iter::once(first).chain(chunks) {
                     while self.ch.pending() > 0 {
-                        self.ch.poll(|_| {})?;
+                        // Nothing is due back before the window's ack.
+                        let mut stray = 0;
+                        self.ch.poll(|_| stray += 1)?;
+                        if stray > 0 {
+                            return Err(MeasureError::Protocol(format!(
+                                "{stray} stray packets within a window"
+                            )));
+                        }
                     }
                     self.ch.send_bytes(1, data(), piece)?;
                 }
