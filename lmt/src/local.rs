@@ -726,6 +726,13 @@ mod tests {
             return;
         }
         let s = Strategy::CmaSplit;
+        // Named, as the default order has it on Intel CPUs only.
+        let p = Policy {
+            force: Some(s),
+            ..Policy::default()
+        };
+        tx.set_policy(p).unwrap();
+        rx.set_policy(p).unwrap();
         let msg: Vec<u8> = (0..(3 << 20) + 77).map(|j| (j % 251) as u8).collect();
         let mut cookie = Vec::new();
         assert!(
