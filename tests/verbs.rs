@@ -107,8 +107,15 @@ fn a_sender_dying_mid_read_fails_the_receive_in_bounded_time() {
             "{netmod}: {}",
             text(&o)
         );
-        // The read was under way: its failure is the device's, named.
-        assert!(out.contains("RDMA to rank 0 failed"), "{netmod}: {}", text(&o));
+        // The read was under way (the sender checked that the message had not all
+        // moved when it died): its failure is the device's, named, or, over ud, the
+        // reliability layer's, whose acknowledgements can sit behind the read's
+        // responses in one emulated device for longer than the second allowed (seen on
+        // an AMD host, 2 runs of 2, where an Intel host's runs had always named the
+        // device).
+        let device = out.contains("RDMA to rank 0 failed");
+        let reliability = netmod == "ud" && out.contains("acknowledged nothing for");
+        assert!(device || reliability, "{netmod}: {}", text(&o));
         assert!(leftovers(&dir).is_empty(), "{netmod}");
     }
 }
