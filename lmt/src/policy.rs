@@ -23,12 +23,24 @@ pub const DEFAULT_RING: RingGeometry = RingGeometry {
 /// walks of CMA cost more than the second copy of a small message.
 pub const AUTO_CMA_MIN: usize = 32 << 10;
 
-/// The strategies automatic selection tries from [`AUTO_CMA_MIN`] bytes up, best first,
-/// unless `NEMESIS_LMT_AUTO` says, on CPUs other than Intel's: the copy ring, whose two
-/// processes copy at once a slot apart, moved 3–4 times what CMA's kernel copy did at
-/// every size from 64 KiB to 16 MiB, in latency and in bandwidth, on the Zen 5 guests
-/// measured (BENCHMARKS.md).
+/// The strategies automatic selection tries from [`AUTO_CMA_MIN`] bytes up to
+/// [`DEFAULT_SPLIT_FROM`], best first, unless `NEMESIS_LMT_AUTO` says, on CPUs other than
+/// Intel's: the copy ring, whose two processes copy at once a slot apart, moved 3–4 times
+/// what CMA's kernel copy did at every size from 64 KiB to 16 MiB, in latency and in
+/// bandwidth, on the Zen 5 guests measured (BENCHMARKS.md). Below [`DEFAULT_SPLIT_FROM`]
+/// it serves only a stream's medium messages when asked for (`NEMESIS_STREAM_MEDIUM_LIMIT`).
 pub const DEFAULT_AUTO: &[Strategy] = &[Strategy::Ring, Strategy::Cma];
+
+/// The order on CPUs other than Intel's from [`DEFAULT_SPLIT_FROM`] bytes up: on a 2-vCPU
+/// AMD EPYC guest (family 25, model 1), both processes copying by CMA at once moved 1.2–2
+/// times what the ring did in osu_bw from 256 KiB to 16 MiB, and a ping-pong took a third
+/// to two fifths of the ring's time; `nemesis-bench calibrate` put it first from 1 MiB in
+/// four runs of four (BENCHMARKS.md). The Zen 5 guests were measured before it existed.
+pub const DEFAULT_AUTO_LARGE: &[Strategy] = &[Strategy::CmaSplit, Strategy::Ring, Strategy::Cma];
+
+/// Where [`DEFAULT_AUTO_LARGE`] takes over from [`DEFAULT_AUTO`]: the two-sided layer's
+/// default medium limit, above which a message goes by rendezvous unless forced.
+pub const DEFAULT_SPLIT_FROM: usize = 128 << 10;
 
 /// The default order on Intel CPUs: on the Intel Xeon guests measured (2 and 16 CPUs),
 /// `nemesis-bench calibrate` put CMA ahead of the ring from 256 KiB to 4 MiB, and to
@@ -37,21 +49,26 @@ pub const DEFAULT_AUTO: &[Strategy] = &[Strategy::Ring, Strategy::Cma];
 /// (BENCHMARKS.md).
 pub const INTEL_AUTO: &[Strategy] = &[Strategy::CmaSplit, Strategy::Cma, Strategy::Ring];
 
-/// The default automatic order for this machine's CPU: by its vendor, as measured. Every
-/// process of a node reads the same. `nemesis-bench calibrate` finds a better one, by
-/// size, for a machine of its own.
-pub fn default_auto() -> &'static [Strategy] {
+/// The default automatic selection for this machine's CPU: by its vendor, as measured.
+/// Every process of a node reads the same. `nemesis-bench calibrate` finds a better one,
+/// by size, for a machine of its own.
+pub fn default_auto() -> AutoBands {
     // CPUID traps to the hypervisor in a guest: asked once, not on every default policy
     // (a channel without strategies of its own builds one for each large message).
-    static ORDER: std::sync::OnceLock<&'static [Strategy]> = std::sync::OnceLock::new();
-    ORDER.get_or_init(|| auto_for_vendor(&cpu_vendor()))
+    static BANDS: std::sync::OnceLock<AutoBands> = std::sync::OnceLock::new();
+    *BANDS.get_or_init(|| auto_for_vendor(&cpu_vendor()))
 }
 
-fn auto_for_vendor(vendor: &[u8; 12]) -> &'static [Strategy] {
+fn auto_for_vendor(vendor: &[u8; 12]) -> AutoBands {
+    let order = |s| AutoOrder::new(s).expect("a valid order");
     if vendor == b"GenuineIntel" {
-        INTEL_AUTO
+        AutoBands::single(order(INTEL_AUTO))
     } else {
-        DEFAULT_AUTO
+        AutoBands::new(&[
+            (0, order(DEFAULT_AUTO)),
+            (DEFAULT_SPLIT_FROM, order(DEFAULT_AUTO_LARGE)),
+        ])
+        .expect("two bands, increasing")
     }
 }
 
@@ -121,10 +138,12 @@ impl AutoOrder {
     }
 }
 
-impl Default for AutoOrder {
-    fn default() -> Self {
-        Self::new(default_auto()).expect("a valid order")
-    }
+impl AutoOrder {
+    /// No strategy: chunks alone. What unused bands hold.
+    const NONE: Self = Self {
+        order: [Strategy::Chunks; AUTO_MAX],
+        len: 0,
+    };
 }
 
 impl std::fmt::Display for AutoOrder {
@@ -158,7 +177,7 @@ impl AutoBands {
         if bands.windows(2).any(|w| w[1].0 <= w[0].0) {
             return None;
         }
-        let mut b = [(0, AutoOrder::default()); AUTO_BANDS_MAX];
+        let mut b = [(0, AutoOrder::NONE); AUTO_BANDS_MAX];
         b[..bands.len()].copy_from_slice(bands);
         Some(Self {
             bands: b,
@@ -227,7 +246,7 @@ impl AutoBands {
 
 impl Default for AutoBands {
     fn default() -> Self {
-        Self::single(AutoOrder::default())
+        default_auto()
     }
 }
 
@@ -420,10 +439,17 @@ mod tests {
         let p = parse(&[("NEMESIS_LMT_AUTO", "vmsplice, CMA")]).unwrap();
         assert_eq!(p.auto_order(1 << 20), &[Strategy::Vmsplice, Strategy::Cma]);
         assert_eq!(p.auto_order(AUTO_CMA_MIN - 1), &[] as &[Strategy]);
-        assert_eq!(Policy::default().auto_order(1 << 20), default_auto());
-        assert_eq!(auto_for_vendor(b"GenuineIntel"), INTEL_AUTO);
-        assert_eq!(auto_for_vendor(b"AuthenticAMD"), DEFAULT_AUTO);
-        assert_eq!(auto_for_vendor(&[0; 12]), DEFAULT_AUTO);
+        assert_eq!(Policy::default().auto, default_auto());
+        let intel = auto_for_vendor(b"GenuineIntel");
+        assert_eq!(intel.order_for(1 << 20).as_slice(), INTEL_AUTO);
+        assert_eq!(intel.order_for(AUTO_CMA_MIN).as_slice(), INTEL_AUTO);
+        for other in [b"AuthenticAMD", &[0; 12]] {
+            let b = auto_for_vendor(other);
+            assert_eq!(b.order_for(AUTO_CMA_MIN).as_slice(), DEFAULT_AUTO);
+            assert_eq!(b.order_for(DEFAULT_SPLIT_FROM - 1).as_slice(), DEFAULT_AUTO);
+            assert_eq!(b.order_for(DEFAULT_SPLIT_FROM).as_slice(), DEFAULT_AUTO_LARGE);
+            assert_eq!(b.order_for(1 << 30).as_slice(), DEFAULT_AUTO_LARGE);
+        }
         #[cfg(target_arch = "x86_64")]
         assert!(
             cpu_vendor().iter().all(|b| b.is_ascii_graphic()),
@@ -460,10 +486,10 @@ mod tests {
         assert_eq!(parse(&[("NEMESIS_LMT_AUTO", &q.auto.to_string())]).unwrap(), q);
         assert_eq!(q.auto_order(100 << 10), &[Cma]);
         assert_eq!(q.auto_order(192 << 10), &[Ring]);
-        let want = if default_auto() == INTEL_AUTO {
+        let want = if default_auto() == auto_for_vendor(b"GenuineIntel") {
             "cma-split,cma,ring"
         } else {
-            "ring,cma"
+            "ring,cma;128K:cma-split,ring,cma"
         };
         assert_eq!(Policy::default().auto.to_string(), want);
         assert_eq!(
