@@ -113,6 +113,12 @@ pub struct AutoOrder {
 }
 
 impl AutoOrder {
+    /// No strategy: chunks alone. What unused bands hold.
+    const NONE: Self = Self {
+        order: [Strategy::Chunks; AUTO_MAX],
+        len: 0,
+    };
+
     /// An order of up to five strategies; `None` if there are more, or chunks among them
     /// (it is always last), or one twice.
     pub fn new(order: &[Strategy]) -> Option<Self> {
@@ -136,14 +142,6 @@ impl AutoOrder {
     pub fn as_slice(&self) -> &[Strategy] {
         &self.order[..self.len]
     }
-}
-
-impl AutoOrder {
-    /// No strategy: chunks alone. What unused bands hold.
-    const NONE: Self = Self {
-        order: [Strategy::Chunks; AUTO_MAX],
-        len: 0,
-    };
 }
 
 impl std::fmt::Display for AutoOrder {

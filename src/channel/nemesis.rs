@@ -592,8 +592,8 @@ impl Channel for NemesisChannel {
     }
 
     /// Also waits until the network has delivered what it took: written to the socket
-    /// (tcp) or acknowledged (udp). Packets that arrive meanwhile are dropped, so call it
-    /// only when nothing more is expected.
+    /// (tcp) or acknowledged (udp). Packets that arrive meanwhile, from the node or the
+    /// network, are kept for the next poll.
     fn flush(&mut self, timeout: Duration) -> Result<(), ChannelError> {
         let mut kept = Vec::new();
         let r = super::drive_until_delivered(self, timeout, |c| c.shm.pending() + c.net_owed(), &mut kept);

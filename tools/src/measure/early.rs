@@ -18,11 +18,11 @@ pub(super) type Stash = VecDeque<(Header, Vec<u8>)>;
 
 /// The protocol that keeps them while a world runs.
 #[derive(Debug, Default)]
-struct Keep(Vec<(Header, Vec<u8>)>);
+struct Keep(Stash);
 
 impl Protocol for Keep {
     fn handle(&mut self, p: Packet<'_>, _: &mut Outbox) {
-        self.0.push((p.header, p.payload.to_vec()));
+        self.0.push_back((p.header, p.payload.to_vec()));
     }
 }
 
@@ -44,7 +44,7 @@ pub(super) fn with_world<T>(
     let r = f(&mut w);
     let flushed = w.flush(FLUSH).map_err(other);
     if let Some(k) = w.protocol_mut::<Keep>(ProtocolId::BENCH) {
-        early.extend(k.0.drain(..));
+        early.append(&mut k.0);
     }
     let v = r?;
     flushed?;
