@@ -14,6 +14,7 @@
 
 pub mod coll;
 pub mod config;
+pub mod copy;
 pub mod doorbell;
 pub mod error;
 #[cfg(not(loom))]

@@ -147,7 +147,7 @@ impl<'a, V: Variant> PairBuf<'a, V> {
                 at.walk(src, n, |p, len| {
                     // SAFETY: `p` is readable for `len` (fill's contract), and the piece
                     // has room: `put + len <= n <= PIECE`.
-                    unsafe { std::ptr::copy_nonoverlapping(p, dst.add(put), len) };
+                    unsafe { crate::copy::copy_large(p, dst.add(put), len) };
                     put += len;
                 });
             });

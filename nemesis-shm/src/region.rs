@@ -226,7 +226,7 @@ pub(crate) unsafe fn gather(dst: *mut u8, payload: &[&[u8]]) {
     let mut off = 0;
     for part in payload {
         // SAFETY: the caller guarantees room for every part, laid end to end.
-        unsafe { core::ptr::copy_nonoverlapping(part.as_ptr(), dst.add(off), part.len()) };
+        unsafe { crate::copy::copy_large(part.as_ptr(), dst.add(off), part.len()) };
         off += part.len();
     }
 }
@@ -255,7 +255,7 @@ pub(crate) unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize) {
     // of accesses may overlap each other, which is fine for plain copies.
     unsafe {
         if len > 16 {
-            core::ptr::copy_nonoverlapping(src, dst, len);
+            crate::copy::copy_large(src, dst, len);
         } else if len >= 8 {
             let (a, b) = (rd(src.cast::<u64>()), rd(src.add(len - 8).cast::<u64>()));
             wr(dst.cast::<u64>(), a);

@@ -177,7 +177,7 @@ impl<'a, V: Variant> Ring<'a, V> {
                 at.walk(src, n, |p, len| {
                     // SAFETY: `p` is readable for `len` (push's contract), and the
                     // destination has room: `put + len <= n <= slot_size`.
-                    unsafe { std::ptr::copy_nonoverlapping(p, dst.add(put), len) };
+                    unsafe { crate::copy::copy_large(p, dst.add(put), len) };
                     put += len;
                 });
             });
@@ -218,7 +218,7 @@ impl<'a, V: Variant> Ring<'a, V> {
                 at.walk(dst, n, |p, len| {
                     // SAFETY: `p` is writable for `len` (pull's contract) and the slot
                     // holds `n >= got + len` bytes.
-                    unsafe { std::ptr::copy_nonoverlapping(src.add(got), p, len) };
+                    unsafe { crate::copy::copy_large(src.add(got), p, len) };
                     got += len;
                 });
             });

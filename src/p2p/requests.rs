@@ -65,7 +65,7 @@ impl Bufs {
         at.walk(self.segs(), data.len(), |p, len| {
             // SAFETY: `p` is inside a lent piece for `len` bytes, and `put + len` is
             // within `data`.
-            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(put), p, len) };
+            unsafe { nemesis_shm::copy::copy_large(data.as_ptr().add(put), p, len) };
             put += len;
         });
     }

@@ -1068,6 +1068,49 @@ fn every_strategy_moves_contiguous_and_scattered_messages_intact() {
     }
 }
 
+/// Every strategy delivers exactly into a buffer a few bytes further into its page than
+/// the sender's, where `memcpy` would take the slow case of `rep movsb` on some CPUs and
+/// the copies take vectors instead (`nemesis_shm::copy`), and writes nothing around it.
+#[test]
+fn every_strategy_moves_messages_into_buffers_just_ahead_of_the_source_in_their_page() {
+    /// `len` bytes starting `off` bytes into a page of `v`.
+    fn in_page(v: &mut [u8], off: usize, len: usize) -> std::ops::Range<usize> {
+        let at = v.as_ptr().align_offset(4096) + off;
+        at..at + len
+    }
+    for s in strategies() {
+        job_moved_by(s, move |mut w| {
+            let c = w.comm();
+            let sizes = [100_000usize, (1 << 20) + 33];
+            let offsets = [1usize, 16, 31, 48];
+            if w.rank() == 0 {
+                let mut v = vec![0u8; (1 << 20) + 8192];
+                for (i, &len) in sizes.iter().enumerate() {
+                    let r = in_page(&mut v, 0, len);
+                    v[r.clone()].copy_from_slice(&pattern(i as u32, len));
+                    for _ in offsets {
+                        w.send(&c, 1, 0, &v[r.clone()]).unwrap();
+                    }
+                }
+            } else {
+                for (i, &len) in sizes.iter().enumerate() {
+                    let want = pattern(i as u32, len);
+                    for off in offsets {
+                        let mut v = vec![0xeeu8; (1 << 20) + 8192];
+                        let r = in_page(&mut v, off, len);
+                        assert_eq!(w.recv(&c, 0, 0, &mut v[r.clone()]).unwrap().len, len);
+                        assert!(v[r.clone()] == want[..], "{s}: {len} B at +{off}");
+                        assert!(
+                            v[..r.start].iter().chain(&v[r.end..]).all(|&b| b == 0xee),
+                            "{s}: {len} B at +{off} wrote outside its buffer"
+                        );
+                    }
+                }
+            }
+        });
+    }
+}
+
 #[test]
 fn every_strategy_truncates_into_a_short_buffer_and_writes_nothing_past_it() {
     for s in strategies() {
