@@ -550,8 +550,9 @@ impl Pair {
 
     fn ping_pong_p2p(&mut self, size: usize, iters: u64, warmup: u64, rtt: &mut Vec<u64>) -> Result<()> {
         self.command(OP_ECHO_P2P, [warmup + iters, size as u64, 0])?;
-        let msg = vec![0xa5u8; size];
-        let mut buf = vec![0u8; size];
+        let mut msg = PageAligned::new(size);
+        msg.fill(0xa5);
+        let mut buf = PageAligned::new(size);
         let clock = self.clock;
         let mut w = nemesis::World::new(&mut self.ch).map_err(|e| MeasureError::Other(e.to_string()))?;
         let c = w.comm();
@@ -938,7 +939,7 @@ fn partner() -> Result<()> {
                 ch.send_bytes(0, ack, &[])?;
                 early::with_world(&mut ch, &mut early, |w| {
                     let c = w.comm();
-                    let mut big = vec![0u8; arg as usize];
+                    let mut big = PageAligned::new(arg as usize);
                     for _ in 0..count {
                         let st = w
                             .recv(&c, 0, 0, &mut big)
@@ -1108,9 +1109,11 @@ const SINK_OSU_BIT: u32 = 40;
 /// In the sink's argument: its buffers are [`nemesis::Pinned`].
 const SINK_PINNED_BIT: u32 = 41;
 
-/// A buffer that starts on a page boundary, as benchmark buffers do (osu's too): two
-/// heap buffers a few bytes apart modulo 4096 can make copies between them many times
-/// slower (4K aliasing), which would measure the allocator rather than the transport.
+/// A buffer that starts on a page boundary, as benchmark buffers do (osu's too): a copy
+/// whose destination is a few bytes ahead of its source modulo 4096 can be twenty times
+/// slower (`nemesis_shm::copy`), and nemesis's own copies keep clear of that, but the
+/// kernel's (CMA) do not, so heap buffers would measure the allocator rather than the
+/// transport.
 #[derive(Debug)]
 pub struct PageAligned {
     v: Vec<u8>,
