@@ -95,8 +95,61 @@ pub fn bw_iters(size: usize, window: u64) -> u64 {
     ((256u64 << 20) / (size.max(1) as u64 * window)).clamp(1, 200)
 }
 
+/// A probe below this many ns one way says the pair's two CPUs share a cache ("near");
+/// the machines this was built on show ~25-50 ns then and ~160-235 ns when they do not
+/// ("far"), and nothing between.
+pub const NEAR_BELOW_NS: f64 = 80.0;
+
+/// Where the pair's two CPUs sat, by the placement probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// They share a cache.
+    Near,
+    /// They do not.
+    Far,
+}
+
+impl Placement {
+    /// The placement a probe of `ns` one way shows.
+    pub fn of_probe(ns: f64) -> Self {
+        if ns < NEAR_BELOW_NS {
+            Placement::Near
+        } else {
+            Placement::Far
+        }
+    }
+
+    /// The placement through a figure taken between probes of `before` and `after` ns:
+    /// none when the CPUs moved in between, since the figure may mix both.
+    pub fn between(before: f64, after: f64) -> Option<Self> {
+        let p = Self::of_probe(before);
+        (p == Self::of_probe(after)).then_some(p)
+    }
+
+    /// Its name in tables and JSON rows.
+    pub fn name(self) -> &'static str {
+        match self {
+            Placement::Near => "near",
+            Placement::Far => "far",
+        }
+    }
+}
+
+/// One figure and the placement it was taken at, if the probes around it agree (and
+/// the processes were pinned: collectives are not).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Figure {
+    /// In its test's unit.
+    pub value: f64,
+    /// The placement throughout, if known.
+    pub placement: Option<Placement>,
+}
+
 /// Every figure of one round: (test, size, who) to the figure.
-pub type Round = BTreeMap<(Test, usize, String), f64>;
+pub type Round = BTreeMap<(Test, usize, String), Figure>;
+
+/// A key of [`Round`].
+pub type Key = (Test, usize, String);
 
 /// Name under which nemesis's own figures are kept.
 pub const NEMESIS: &str = "nemesis";
@@ -105,16 +158,23 @@ pub const NEMESIS: &str = "nemesis";
 /// beside its message-path figures (which are the ones compared).
 pub const NEMESIS_NODE: &str = "nemesis-node-blocks";
 
-/// Measures one round: for each test, nemesis and then every peer. `probe` gets the
-/// pair's placement probe (one-way ns) from the start of the round.
+/// Probes the pair's placement: the one-way ns, median of a short cache-line ping-pong
+/// (about a millisecond), cheap enough to take around every figure.
+fn probe_ns(pair: &mut Pair) -> Result<f64> {
+    let clock = pair.clock();
+    let mut rtt = Vec::new();
+    pair.probe(500, 50, &mut rtt)?;
+    Ok(Summary::of(&mut rtt.iter().map(|&t| clock.ns(t) / 2.0).collect::<Vec<_>>()).map_or(0.0, |s| s.p50))
+}
+
+/// Measures one round: for each test and size, nemesis and then every peer, with a
+/// placement probe before the first and after each, so that every figure knows the
+/// placement it was taken at. `probe` gets the probe from the start of the round.
 pub fn round(pair: &mut Pair, peers: &[Peer], plan: &Plan, probe: &mut Vec<f64>) -> Result<Round> {
     let mut out = Round::new();
     let clock = pair.clock();
-    let mut rtt = Vec::new();
-    pair.probe(2_000, 200, &mut rtt)?;
-    probe.push(
-        Summary::of(&mut rtt.iter().map(|&t| clock.ns(t) / 2.0).collect::<Vec<_>>()).map_or(0.0, |s| s.p50),
-    );
+    let mut before = probe_ns(pair)?;
+    probe.push(before);
     for (test, sizes) in &plan.sizes {
         if sizes.is_empty() {
             continue;
@@ -123,6 +183,7 @@ pub fn round(pair: &mut Pair, peers: &[Peer], plan: &Plan, probe: &mut Vec<f64>)
             // Both collectives in one job per process count, listed under the barrier.
             if *test == Test::Barrier {
                 collectives(peers, plan, sizes, &mut out)?;
+                before = probe_ns(pair)?;
             }
             continue;
         }
@@ -159,25 +220,24 @@ pub fn round(pair: &mut Pair, peers: &[Peer], plan: &Plan, probe: &mut Vec<f64>)
                 }
                 Test::Barrier | Test::Allreduce => unreachable!("collectives are measured apart"),
             };
-            out.insert((*test, size, NEMESIS.to_string()), v);
-        }
-        for p in peers {
-            // Bandwidth runs a size at a time, so that each has nemesis's window count.
-            let runs: Vec<(Vec<usize>, String)> = match test {
-                Test::Latency => vec![(
-                    sizes.clone(),
-                    format!("{} {}", plan.lat_iters, plan.lat_iters / 10),
-                )],
-                Test::Bandwidth => sizes
-                    .iter()
-                    .map(|&s| (vec![s], format!("{} {}", plan.window, bw_iters(s, plan.window))))
-                    .collect(),
-                Test::Rate => vec![(sizes.clone(), format!("{} {}", plan.window, plan.rate_iters))],
-                Test::Barrier | Test::Allreduce => Vec::new(),
+            let after = probe_ns(pair)?;
+            let placement = Placement::between(before, after);
+            before = after;
+            out.insert((*test, size, NEMESIS.to_string()), Figure { value: v, placement });
+            // Each peer a size at a time, so that its figure has probes of its own.
+            let rest = match test {
+                Test::Latency => format!("{} {}", plan.lat_iters, plan.lat_iters / 10),
+                Test::Bandwidth => format!("{} {}", plan.window, bw_iters(size, plan.window)),
+                Test::Rate => format!("{} {}", plan.window, plan.rate_iters),
+                Test::Barrier | Test::Allreduce => unreachable!("collectives are measured apart"),
             };
-            for (sizes, rest) in runs {
-                for (size, v) in run_peer(p, *test, &sizes, &rest)? {
-                    out.insert((*test, size, p.name.clone()), v);
+            for p in peers {
+                let got = run_peer(p, *test, &[size], &rest)?;
+                let after = probe_ns(pair)?;
+                let placement = Placement::between(before, after);
+                before = after;
+                for (size, value) in got {
+                    out.insert((*test, size, p.name.clone()), Figure { value, placement });
                 }
             }
         }
@@ -203,10 +263,17 @@ fn collectives_unpinned(peers: &[Peer], plan: &Plan, counts: &[usize], out: &mut
             .first()
             .map_or([0.0; 6], |r| r.ns);
         // COLL_ROWS: barrier node, barrier messages, allreduce node, allreduce messages.
-        out.insert((Test::Barrier, procs, NEMESIS.to_string()), ns[1]);
-        out.insert((Test::Allreduce, procs, NEMESIS.to_string()), ns[3]);
-        out.insert((Test::Barrier, procs, NEMESIS_NODE.to_string()), ns[0]);
-        out.insert((Test::Allreduce, procs, NEMESIS_NODE.to_string()), ns[2]);
+        let unpinned = |value| Figure {
+            value,
+            placement: None,
+        };
+        out.insert((Test::Barrier, procs, NEMESIS.to_string()), unpinned(ns[1]));
+        out.insert((Test::Allreduce, procs, NEMESIS.to_string()), unpinned(ns[3]));
+        out.insert((Test::Barrier, procs, NEMESIS_NODE.to_string()), unpinned(ns[0]));
+        out.insert(
+            (Test::Allreduce, procs, NEMESIS_NODE.to_string()),
+            unpinned(ns[2]),
+        );
         for p in peers {
             let Some(template) = &p.coll else { continue };
             let line = format!(
@@ -216,7 +283,7 @@ fn collectives_unpinned(peers: &[Peer], plan: &Plan, counts: &[usize], out: &mut
                 (plan.coll_iters / 10).max(1)
             );
             for (test, v) in run_coll(&p.name, &line)? {
-                out.insert((test, procs, p.name.clone()), v);
+                out.insert((test, procs, p.name.clone()), unpinned(v));
             }
         }
     }
@@ -307,19 +374,42 @@ fn field(line: &str, key: &str) -> Option<f64> {
 }
 
 /// The median of every figure over the rounds.
-pub fn medians(rounds: &[Round]) -> Round {
-    let mut all: BTreeMap<(Test, usize, String), Vec<f64>> = BTreeMap::new();
+pub fn medians(rounds: &[Round]) -> BTreeMap<Key, f64> {
+    let mut all: BTreeMap<Key, Vec<f64>> = BTreeMap::new();
     for r in rounds {
-        for (k, v) in r {
-            all.entry(k.clone()).or_default().push(*v);
+        for (k, f) in r {
+            all.entry(k.clone()).or_default().push(f.value);
         }
     }
-    all.into_iter()
-        .map(|(k, mut v)| {
-            v.sort_by(f64::total_cmp);
-            (k, v[v.len() / 2])
+    all.into_iter().map(|(k, v)| (k, median(v))).collect()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// nemesis / `peer` at `placement`, taken round by round from the rounds in which both
+/// figures were taken there, so that a placement that changed between them cannot pass
+/// for a difference between the two: the median ratio and how many rounds gave one.
+pub fn matched_ratio(
+    rounds: &[Round],
+    test: Test,
+    size: usize,
+    peer: &str,
+    placement: Placement,
+) -> Option<(f64, usize)> {
+    let ours = (test, size, NEMESIS.to_string());
+    let theirs = (test, size, peer.to_string());
+    let ratios: Vec<f64> = rounds
+        .iter()
+        .filter_map(|r| {
+            let (a, b) = (r.get(&ours)?, r.get(&theirs)?);
+            (a.placement == Some(placement) && b.placement == Some(placement)).then(|| a.value / b.value)
         })
-        .collect()
+        .collect();
+    let n = ratios.len();
+    (n > 0).then(|| (median(ratios), n))
 }
 
 #[cfg(test)]
@@ -341,10 +431,61 @@ mod tests {
         let k = (Test::Rate, 8, NEMESIS.to_string());
         let rounds: Vec<Round> = [3.0, 1.0, 2.0]
             .iter()
-            .map(|&v| Round::from([(k.clone(), v)]))
+            .map(|&value| {
+                Round::from([(
+                    k.clone(),
+                    Figure {
+                        value,
+                        placement: None,
+                    },
+                )])
+            })
             .collect();
         assert_eq!(medians(&rounds)[&k], 2.0);
         assert_eq!(bw_iters(16 << 20, 64), 1);
         assert_eq!(bw_iters(1, 64), 200);
+    }
+
+    #[test]
+    fn a_figure_across_a_move_has_no_placement() {
+        assert_eq!(Placement::between(40.0, 45.0), Some(Placement::Near));
+        assert_eq!(Placement::between(190.0, 210.0), Some(Placement::Far));
+        assert_eq!(Placement::between(40.0, 200.0), None);
+        assert_eq!(Placement::between(200.0, 40.0), None);
+    }
+
+    #[test]
+    fn ratios_are_matched_round_by_round_at_one_placement() {
+        use Placement::{Far, Near};
+        let fig = |value, placement| Figure { value, placement };
+        let round = |ours: Figure, theirs: Figure| {
+            Round::from([
+                ((Test::Bandwidth, 4096, NEMESIS.to_string()), ours),
+                ((Test::Bandwidth, 4096, "mpi".to_string()), theirs),
+            ])
+        };
+        let rounds = [
+            // Both near: 0.5.
+            round(fig(10.0, Some(Near)), fig(20.0, Some(Near))),
+            // Ours near and theirs far: no ratio at either placement.
+            round(fig(30.0, Some(Near)), fig(5.0, Some(Far))),
+            // Both near: 2.0.
+            round(fig(40.0, Some(Near)), fig(20.0, Some(Near))),
+            // Both near: 1.0.
+            round(fig(20.0, Some(Near)), fig(20.0, Some(Near))),
+            // Both far: 1.5; and one that moved, which counts nowhere.
+            round(fig(3.0, Some(Far)), fig(2.0, Some(Far))),
+            round(fig(3.0, None), fig(1.0, Some(Far))),
+        ];
+        assert_eq!(
+            matched_ratio(&rounds, Test::Bandwidth, 4096, "mpi", Near),
+            Some((1.0, 3))
+        );
+        assert_eq!(
+            matched_ratio(&rounds, Test::Bandwidth, 4096, "mpi", Far),
+            Some((1.5, 1))
+        );
+        assert_eq!(matched_ratio(&rounds, Test::Bandwidth, 4096, "other", Near), None);
+        assert_eq!(matched_ratio(&rounds, Test::Latency, 4096, "mpi", Near), None);
     }
 }

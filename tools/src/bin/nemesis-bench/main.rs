@@ -498,10 +498,12 @@ fn peers(a: &PeersArgs, json: bool) -> Result<()> {
             "# barrier, allreduce (8 B): ns per call through messages, size = processes on these cpus, lower is better;"
         );
         println!("#   node: nemesis's through the node's shared blocks instead, for reference");
-        println!("# ratio: nemesis / peer");
+        println!("# ratio: nemesis / peer, of the medians over all rounds;");
+        println!("#   near, far: the median of nemesis / peer over the rounds in which both figures were");
+        println!("#   taken at that placement (probed before and after each), and in how many (\"0.85 3\")");
         print!("# {:>7} {:>9} {:>7} {:>12}", "test", "size", "unit", "nemesis");
         for n in &names {
-            print!(" {:>12} {:>7}", n, "ratio");
+            print!(" {:>12} {:>7} {:>9} {:>9}", n, "ratio", "near", "far");
         }
         println!();
     }
@@ -522,7 +524,18 @@ fn peers(a: &PeersArgs, json: bool) -> Result<()> {
                         .f("nemesis", ours)
                         .s("peer", n)
                         .f("peer_value", theirs)
-                        .f("ratio", ours / theirs)
+                        .f("ratio", ours / theirs);
+                    let row = [p::Placement::Near, p::Placement::Far]
+                        .into_iter()
+                        .fold(row, |row, at| {
+                            match p::matched_ratio(&rounds, *test, size, n, at) {
+                                Some((r, k)) => row
+                                    .f(&format!("{}_ratio", at.name()), r)
+                                    .u(&format!("{}_rounds", at.name()), k as u64),
+                                None => row.u(&format!("{}_rounds", at.name()), 0),
+                            }
+                        });
+                    let row = row
                         .f("probe_ns", probe_ns)
                         .s("placement", placement(probe_ns))
                         .u("rounds", a.rounds as u64)
@@ -537,8 +550,16 @@ fn peers(a: &PeersArgs, json: bool) -> Result<()> {
                 print!("{:>9} {:>9} {:>7} {:>12.1}", test.name(), size, test.unit(), ours);
                 for n in &names {
                     match med.get(&(*test, size, n.to_string())) {
-                        Some(&theirs) => print!(" {theirs:>12.1} {:>7.2}", ours / theirs),
-                        None => print!(" {:>12} {:>7}", "-", "-"),
+                        Some(&theirs) => {
+                            print!(" {theirs:>12.1} {:>7.2}", ours / theirs);
+                            for at in [p::Placement::Near, p::Placement::Far] {
+                                match p::matched_ratio(&rounds, *test, size, n, at) {
+                                    Some((r, k)) => print!(" {:>9}", format!("{r:.2} {k}")),
+                                    None => print!(" {:>9}", "-"),
+                                }
+                            }
+                        }
+                        None => print!(" {:>12} {:>7} {:>9} {:>9}", "-", "-", "-", "-"),
                     }
                 }
                 if let Some(v) = node {
@@ -1104,9 +1125,7 @@ fn progress_done() {
 }
 
 fn placement(probe_ns: f64) -> &'static str {
-    // The machines this was built on show ~25-35 ns when both vCPUs share a cache and
-    // ~160-190 ns when they do not; nothing falls between.
-    if probe_ns < 80.0 { "near" } else { "far" }
+    measure::peers::Placement::of_probe(probe_ns).name()
 }
 
 fn pinning(pair: &Pair) -> String {
