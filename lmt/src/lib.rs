@@ -139,6 +139,12 @@ impl Strategy {
         matches!(self, Strategy::Cma | Strategy::CmaPut | Strategy::CmaSplit)
     }
 
+    /// Whether the kernel copies the bytes (CMA, and vmsplice's reads from the pipe)
+    /// rather than nemesis's own copies.
+    pub fn copies_in_kernel(self) -> bool {
+        self.needs_cma() || self == Strategy::Vmsplice
+    }
+
     /// Whether the sender hands its pages over in the RTS (a cookie naming them), so
     /// that a sender letting go of its request must take the offer back first.
     pub fn offered_in_place(self) -> bool {
@@ -405,9 +411,17 @@ pub trait Lmt {
     /// handed back with [`Lmt::end`] once the send ends.
     fn offer(&mut self, peer: u32, src: &[Seg], len: usize, cookie: &mut Vec<u8>) -> Offer;
 
-    /// The receiver's choice among `offered` for `len` bytes from `peer`. A strategy
-    /// whose intermediate buffer is in use by another transfer is not chosen.
-    fn choose(&mut self, peer: u32, len: usize, offered: Strategies) -> Strategy;
+    /// The receiver's choice among `offered` for `len` bytes from `peer` into `dst`,
+    /// with the sender's `rts_cookie`. A strategy whose intermediate buffer is in use by
+    /// another transfer is not chosen.
+    fn choose(
+        &mut self,
+        peer: u32,
+        len: usize,
+        offered: Strategies,
+        rts_cookie: &[u8],
+        dst: &[Seg],
+    ) -> Strategy;
 
     /// Starts the receiving side of a transfer of `total` bytes with `strategy`, of
     /// which `cap` fit the buffer. `rts_cookie` is the sender's; what is appended to

@@ -25,6 +25,9 @@ pub struct LocalLmt {
     policy: Policy,
     /// Why CMA cannot be used here, if it cannot.
     cma_refused: Option<String>,
+    /// Whether the kernel's copies meet the slow case of a destination just ahead of
+    /// its source (`cma::skew_slows_kernel_copies`), measured once.
+    kernel_skew_slow: bool,
     seg: Arc<Segment>,
     /// The segment index of each rank, or `u32::MAX` for a rank elsewhere.
     local_of: Vec<u32>,
@@ -136,11 +139,13 @@ impl LocalLmt {
     ) -> Result<Self, LmtError> {
         let cma_refused = cma::probe().err().map(|e| e.to_string());
         check_forced(policy, cma_refused.as_deref())?;
+        let kernel_skew_slow = cma_refused.is_none() && cma::skew_slows_kernel_copies();
         let pids = vec![0; local_of.len()];
         Ok(Self {
             me,
             policy,
             cma_refused,
+            kernel_skew_slow,
             seg,
             local_of,
             pids,
@@ -201,6 +206,19 @@ impl LocalLmt {
             order.sort_by_key(|s| s.mode() == Mode::Cooperative);
         }
         order
+    }
+
+    /// Whether this CPU's kernel copies were found many times slower with the
+    /// destination a few bytes ahead of the source within a page; where they were,
+    /// automatic selection takes only nemesis's own copies (the ring, else chunks) for
+    /// such a pair of buffers.
+    pub fn kernel_skew_slow(&self) -> bool {
+        self.kernel_skew_slow
+    }
+
+    /// Overrides what [`LocalLmt::kernel_skew_slow`] found, for tests of selection.
+    pub fn set_kernel_skew_slow(&mut self, slow: bool) {
+        self.kernel_skew_slow = slow;
     }
 
     /// Why CMA is not used here, or `None` if it is available.
@@ -338,11 +356,25 @@ impl Lmt for LocalLmt {
         }
     }
 
-    fn choose(&mut self, peer: u32, len: usize, offered: Strategies) -> Strategy {
+    fn choose(
+        &mut self,
+        peer: u32,
+        len: usize,
+        offered: Strategies,
+        rts_cookie: &[u8],
+        dst: &[Seg],
+    ) -> Strategy {
         if !self.is_local(peer) {
             return Strategy::Chunks;
         }
-        for s in self.preferred(len) {
+        let mut order = self.preferred(len);
+        if self.policy.force.is_none() && self.kernel_skew_slow && cma::meets_slow_case(rts_cookie, dst, len)
+        {
+            // Our own copies only: the ring, or chunks when it is busy (a window of
+            // receives), each faster than the kernel's copies here.
+            order.retain(|s| !s.copies_in_kernel());
+        }
+        for s in order {
             if offered.has(s) && self.possible(peer, s) && self.claim(peer, s) {
                 return s;
             }
@@ -681,12 +713,12 @@ mod tests {
         for (i, len) in [3 << 20, 100_000, (1 << 20) + 1].into_iter().enumerate() {
             let msg: Vec<u8> = (0..len).map(|j| (j * 7 + i) as u8).collect();
             assert_eq!(
-                rx.choose(0, len, Strategies::CHUNKS.with(Strategy::Ring)),
+                rx.choose(0, len, Strategies::CHUNKS.with(Strategy::Ring), &[], &[]),
                 Strategy::Ring
             );
             // Claimed until the transfer ends: a second message cannot have it.
             assert_eq!(
-                rx.choose(0, len, Strategies::CHUNKS.with(Strategy::Ring)),
+                rx.choose(0, len, Strategies::CHUNKS.with(Strategy::Ring), &[], &[]),
                 Strategy::Chunks
             );
             assert!(transfer(&mut tx, &mut rx, Strategy::Ring, &msg) == msg);
@@ -710,7 +742,7 @@ mod tests {
             };
             tx.set_policy(p).unwrap();
             rx.set_policy(p).unwrap();
-            assert_eq!(rx.choose(0, msg.len(), Strategies::CHUNKS.with(s)), s);
+            assert_eq!(rx.choose(0, msg.len(), Strategies::CHUNKS.with(s), &[], &[]), s);
             assert!(transfer(&mut tx, &mut rx, s, &msg) == msg, "{s}");
         }
         drop((tx, rx));
@@ -848,6 +880,53 @@ mod tests {
     }
 
     #[test]
+    fn a_pair_of_buffers_that_slows_kernel_copies_takes_only_our_own_copies() {
+        let policy = |auto: &'static str| {
+            Policy::from_lookup(|k| (k == "NEMESIS_LMT_AUTO").then(|| auto.to_string())).unwrap()
+        };
+        let (with_ring, without) = (
+            policy("cma-split,vmsplice,ring,cma"),
+            policy("cma-split,vmsplice,cma"),
+        );
+        let all = Strategy::ALL
+            .into_iter()
+            .fold(Strategies::CHUNKS, Strategies::with);
+        let len = 1 << 20;
+        let src = vec![0u8; len + 4096];
+        let src = &src[src.as_ptr().align_offset(4096)..][..len];
+        let mut cookie = Vec::new();
+        assert!(cma::encode(&[Seg::of(src)], &mut cookie));
+        let mut dst = vec![0u8; len + 8192];
+        let at = dst.as_ptr().align_offset(4096);
+        let cases = [
+            (with_ring, true, 16, None, Strategy::Ring),
+            (without, true, 16, None, Strategy::Chunks),
+            (with_ring, true, 0, None, Strategy::CmaSplit),
+            (with_ring, true, 64, None, Strategy::CmaSplit),
+            (with_ring, false, 16, None, Strategy::CmaSplit),
+            // A forced strategy is what it is.
+            (with_ring, true, 16, Some(Strategy::CmaSplit), Strategy::CmaSplit),
+        ];
+        for (i, (p, slow, skew, force, want)) in cases.into_iter().enumerate() {
+            // A fresh pair each time, its ring unclaimed.
+            let dir = tmpdir(&format!("skew{i}"));
+            let (_tx, mut rx) = pair(&dir);
+            if rx.cma_refused().is_some() {
+                eprintln!("skipping: CMA is not permitted here");
+                return;
+            }
+            rx.set_policy(Policy { force, ..p }).unwrap();
+            rx.set_kernel_skew_slow(slow);
+            let d = Seg::of_mut(&mut dst[at + skew..at + skew + len]);
+            assert_eq!(
+                rx.choose(0, len, all, &cookie, &[d]),
+                want,
+                "kernel copies slow: {slow}, destination {skew} bytes ahead, forced {force:?}"
+            );
+        }
+    }
+
+    #[test]
     fn shared_cpus_put_the_one_sided_strategies_first() {
         let dir = tmpdir("shared");
         let (_tx, mut rx) = pair(&dir);
@@ -866,7 +945,7 @@ mod tests {
         } else {
             CmaSplit
         };
-        assert_eq!(rx.choose(0, 1 << 20, all), want);
+        assert_eq!(rx.choose(0, 1 << 20, all, &[], &[]), want);
         // A forced strategy is what it is.
         rx.set_policy(Policy {
             force: Some(Ring),

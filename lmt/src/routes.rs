@@ -95,10 +95,17 @@ impl Lmt for Routes<'_> {
         }
     }
 
-    fn choose(&mut self, peer: u32, len: usize, offered: Strategies) -> Strategy {
+    fn choose(
+        &mut self,
+        peer: u32,
+        len: usize,
+        offered: Strategies,
+        rts_cookie: &[u8],
+        dst: &[Seg],
+    ) -> Strategy {
         if self.is_local(peer) {
             return match self.local.as_deref_mut() {
-                Some(l) => l.choose(peer, len, offered),
+                Some(l) => l.choose(peer, len, offered, rts_cookie, dst),
                 None => Strategy::Chunks,
             };
         }

@@ -451,7 +451,7 @@ fn recv_step(lmt: &mut dyn Lmt, id: u32, rr: &mut RecvReq) -> After {
             let strategy = if rr.detached {
                 Strategy::Chunks
             } else {
-                lmt.choose(peer, total, *offered)
+                lmt.choose(peer, total, *offered, cookie, rr.bufs.segs())
             };
             if strategy == Strategy::Chunks || !offered.has(strategy) {
                 return chunks(stage);
