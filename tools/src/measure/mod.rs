@@ -351,6 +351,10 @@ pub struct StreamPlan {
     pub osu: bool,
     /// The sender's medium limit in a stream; `None`, as the environment says.
     pub stream_medium_limit: Option<usize>,
+    /// How far past a page boundary the receive buffers start (below 4096; the send
+    /// buffer starts on one): a copy whose destination is a few bytes ahead of its
+    /// source within a page can be many times slower (`nemesis_shm::copy`).
+    pub recv_skew: usize,
 }
 
 impl StreamPlan {
@@ -365,6 +369,7 @@ impl StreamPlan {
             lmt: None,
             osu: false,
             stream_medium_limit: None,
+            recv_skew: 0,
         }
     }
 }
@@ -407,8 +412,18 @@ impl BufKind {
     }
 
     fn make(self, len: usize) -> Result<Buf> {
+        self.make_at(len, 0)
+    }
+
+    /// A buffer of `len` bytes, `skew` bytes past a page boundary (heap only).
+    fn make_at(self, len: usize, skew: usize) -> Result<Buf> {
         Ok(match self {
-            BufKind::Heap => Buf::Heap(PageAligned::new(len)),
+            BufKind::Heap => Buf::Heap(PageAligned::at(len, skew)),
+            BufKind::Pinned if skew != 0 => {
+                return Err(MeasureError::Other(
+                    "pinned buffers start on a page boundary".into(),
+                ));
+            }
             BufKind::Pinned => Buf::Pinned(
                 nemesis::Pinned::new(len)
                     .map_err(|e| MeasureError::Other(format!("a pinned buffer: {e}")))?,
@@ -724,16 +739,23 @@ impl Pair {
             lmt,
             osu,
             stream_medium_limit,
+            recv_skew,
         } = plan;
+        if recv_skew >= 4096 {
+            return Err(MeasureError::Other(format!(
+                "a receive skew of {recv_skew} bytes: at most 4095"
+            )));
+        }
         let code = lmt.map_or(0, |s| s as u64 + 1);
         set_lmt(&mut self.ch, code)?;
         let osu_bit = u64::from(osu) << SINK_OSU_BIT;
         let pinned_bit = u64::from(self.bufs == BufKind::Pinned) << SINK_PINNED_BIT;
+        let skew = (recv_skew as u64) << SINK_SKEW_SHIFT;
         self.command(
             OP_SINK_P2P,
             [
                 warmup + iters,
-                window | code << 32 | osu_bit | pinned_bit,
+                window | code << 32 | osu_bit | pinned_bit | skew,
                 size as u64,
             ],
         )?;
@@ -768,6 +790,12 @@ impl Pair {
             w.recv(&c, 1, 2, &mut ack).map_err(other)?;
         }
         Ok(start.elapsed().as_secs_f64())
+    }
+
+    /// Whether this CPU's kernel copies were found slow with the destination a few bytes
+    /// ahead of the source in its page (`nemesis::lmt::LocalLmt::kernel_skew_slow`).
+    pub fn kernel_skew_slow(&mut self) -> bool {
+        self.ch.shm_mut().local_lmt().kernel_skew_slow()
     }
 
     /// The strategy automatic selection gives a message of `size` bytes between the two
@@ -982,6 +1010,7 @@ fn partner() -> Result<()> {
             OP_SINK_P2P => {
                 let (window, code, size) = (arg & 0xffff_ffff, arg >> 32 & 0xff, args_of(&buf[..len])?[2]);
                 let osu = arg >> SINK_OSU_BIT & 1 == 1;
+                let skew = (arg >> SINK_SKEW_SHIFT & 0xfff) as usize;
                 let kind = if arg >> SINK_PINNED_BIT & 1 == 1 {
                     BufKind::Pinned
                 } else {
@@ -997,7 +1026,7 @@ fn partner() -> Result<()> {
                     let depth = (SINK_BYTES / size.max(1)).clamp(1, window) as usize;
                     let depth = if osu { 1 } else { depth };
                     let mut sinks: Vec<Buf> = (0..depth)
-                        .map(|_| kind.make(size as usize))
+                        .map(|_| kind.make_at(size as usize, skew))
                         .collect::<Result<_>>()?;
                     for _ in 0..count {
                         if osu {
@@ -1108,6 +1137,9 @@ const SINK_BYTES: u64 = 256 << 20;
 const SINK_OSU_BIT: u32 = 40;
 /// In the sink's argument: its buffers are [`nemesis::Pinned`].
 const SINK_PINNED_BIT: u32 = 41;
+/// In the sink's argument, 12 bits from here: how far past a page boundary its buffers
+/// start.
+const SINK_SKEW_SHIFT: u32 = 42;
 
 /// A buffer that starts on a page boundary, as benchmark buffers do (osu's too): a copy
 /// whose destination is a few bytes ahead of its source modulo 4096 can be twenty times
@@ -1124,8 +1156,14 @@ pub struct PageAligned {
 impl PageAligned {
     /// `len` zero bytes on a page boundary.
     pub fn new(len: usize) -> Self {
-        let v = vec![0u8; len + 4096];
-        let off = v.as_ptr().align_offset(4096).min(4096);
+        Self::at(len, 0)
+    }
+
+    /// `len` zero bytes starting `skew` bytes (below 4096) past a page boundary: where
+    /// a benchmark asks for buffers as an allocator might place them.
+    pub fn at(len: usize, skew: usize) -> Self {
+        let v = vec![0u8; len + 8192];
+        let off = v.as_ptr().align_offset(4096).min(4096) + skew % 4096;
         Self { v, off, len }
     }
 }

@@ -702,6 +702,13 @@ struct BwArgs {
     /// JSON.
     #[arg(long, value_delimiter = ',', value_parser = buf_kind, default_value = "heap")]
     buffers: Vec<measure::BufKind>,
+    /// Receive buffers this many bytes past a page boundary (0 to 4095; heap buffers
+    /// only), where the send buffer starts on one, as osu_bw's both do. A large buffer
+    /// from malloc starts 16 bytes in: copies whose destination is a few bytes ahead of
+    /// the source within a page can be many times slower on some CPUs (CMA's on AMD Zen
+    /// 3). Named "recv_skew" in the JSON.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..4096))]
+    recv_skew: u16,
 }
 
 fn buf_kind(s: &str) -> Result<measure::BufKind, String> {
@@ -777,6 +784,17 @@ fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Result<()> {
         } else {
             println!("# receiver: the window pre-posted into distinct buffers (--osu: one buffer)");
         }
+        if a.recv_skew != 0 {
+            let slow = if pairs[0].kernel_skew_slow() {
+                "slow"
+            } else {
+                "not slow"
+            };
+            println!(
+                "# receive buffers {} bytes past a page boundary, send buffers on one; this CPU's kernel copies are {slow} so",
+                a.recv_skew
+            );
+        }
         println!(
             "# used: eager, medium (a run of packets, while the cells have room) or the rendezvous strategy"
         );
@@ -844,6 +862,7 @@ fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Result<()> {
                     secs[k][i].push(pair.stream_p2p(StreamPlan {
                         lmt,
                         osu: a.osu,
+                        recv_skew: usize::from(a.recv_skew),
                         ..StreamPlan::new(size, a.window, iters, warmup)
                     })?);
                 }
@@ -868,10 +887,17 @@ fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Result<()> {
                 let mb = bytes / median(std::mem::take(&mut secs[k][i])) / 1e6;
                 let name = lmt.map_or("auto", |s| s.name());
                 let (eager, medium) = limits[k];
+                // Buffers whose offsets slow the kernel's copies take the ring, or chunks
+                // while the ring is busy (`LocalLmt::kernel_skew_slow`).
+                let skewed = pair.transport() == Transport::Shm
+                    && (1..64).contains(&a.recv_skew)
+                    && pair.kernel_skew_slow();
                 let used = if size <= eager {
                     "eager"
                 } else if lmt.is_none() && size <= medium {
                     "medium"
+                } else if lmt.is_none() && skewed {
+                    "ring+chunks"
                 } else {
                     lmt.unwrap_or_else(|| pair.auto_lmt(size)).name()
                 };
@@ -881,6 +907,7 @@ fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Result<()> {
                         .s("used", used)
                         .s("recv_buffers", if a.osu { "one" } else { "distinct" })
                         .s("buffers", bufs.name())
+                        .u("recv_skew", u64::from(a.recv_skew))
                         .f("mb_s", mb)
                         .f("memcpy_mb_s", memcpy)
                         .f("ratio", mb / memcpy)
