@@ -389,6 +389,8 @@ pub struct Pair {
     buf: Vec<u8>,
     /// What the streaming benchmarks send from and receive into.
     bufs: BufKind,
+    /// How far past a page boundary the two-sided ping-pong's receive buffers start.
+    recv_skew: usize,
 }
 
 /// Memory the streaming benchmarks send from and receive into.
@@ -495,7 +497,15 @@ impl Pair {
             pinned,
             buf: vec![0; max.max(24)],
             bufs: BufKind::Heap,
+            recv_skew: 0,
         })
+    }
+
+    /// Has the two-sided ping-pong receive into buffers `skew` bytes (below 4096) past
+    /// a page boundary, on both sides, where it sends from a page boundary; each side
+    /// echoes from its receive buffer.
+    pub fn set_recv_skew(&mut self, skew: usize) {
+        self.recv_skew = skew % 4096;
     }
 
     /// Has the streaming benchmarks send from and receive into `kind` of memory.
@@ -564,10 +574,10 @@ impl Pair {
     }
 
     fn ping_pong_p2p(&mut self, size: usize, iters: u64, warmup: u64, rtt: &mut Vec<u64>) -> Result<()> {
-        self.command(OP_ECHO_P2P, [warmup + iters, size as u64, 0])?;
+        self.command(OP_ECHO_P2P, [warmup + iters, size as u64, self.recv_skew as u64])?;
         let mut msg = PageAligned::new(size);
         msg.fill(0xa5);
-        let mut buf = PageAligned::new(size);
+        let mut buf = PageAligned::at(size, self.recv_skew);
         let clock = self.clock;
         let mut w = nemesis::World::new(&mut self.ch).map_err(|e| MeasureError::Other(e.to_string()))?;
         let c = w.comm();
@@ -965,9 +975,10 @@ fn partner() -> Result<()> {
             }
             OP_ECHO_P2P => {
                 ch.send_bytes(0, ack, &[])?;
+                let skew = args_of(&buf[..len])?[2] as usize;
                 early::with_world(&mut ch, &mut early, |w| {
                     let c = w.comm();
-                    let mut big = PageAligned::new(arg as usize);
+                    let mut big = PageAligned::at(arg as usize, skew);
                     for _ in 0..count {
                         let st = w
                             .recv(&c, 0, 0, &mut big)

@@ -608,6 +608,11 @@ struct LatencyArgs {
     /// feature).
     #[arg(long, value_delimiter = ',', value_parser = transport, default_value = "shm")]
     transport: Vec<Transport>,
+    /// With --layer p2p: receive buffers this many bytes past a page boundary (0 to
+    /// 4095) on both sides, sends from one (each side echoes from its receive buffer),
+    /// as a large buffer from malloc starts 16 bytes in. Named "recv_skew" in the JSON.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..4096))]
+    recv_skew: u16,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -1164,6 +1169,12 @@ fn pinning(pair: &Pair) -> String {
 
 fn latency(pairs: &mut [Pair], a: &LatencyArgs, json: bool) -> Result<()> {
     let p2p = a.layer == LayerArg::P2p;
+    if a.recv_skew != 0 && !p2p {
+        anyhow::bail!("--recv-skew: the channel's ping-pong has no receive buffer to place; use --layer p2p");
+    }
+    for p in pairs.iter_mut() {
+        p.set_recv_skew(usize::from(a.recv_skew));
+    }
     let net = pairs.iter().any(|p| p.transport() != Transport::Shm);
     if !json {
         println!(
@@ -1182,6 +1193,12 @@ fn latency(pairs: &mut [Pair], a: &LatencyArgs, json: bool) -> Result<()> {
                  1 byte), blocking in read; /tcp = p50 / tcp"
             );
             println!("# spin: the same with both sides polling a non-blocking socket, as the netmods do");
+        }
+        if a.recv_skew != 0 {
+            println!(
+                "# receive buffers {} bytes past a page boundary, each side echoing from its own",
+                a.recv_skew
+            );
         }
         println!("# all measured by the same two processes, interleaved round by round");
         print!(
@@ -1257,7 +1274,8 @@ fn latency(pairs: &mut [Pair], a: &LatencyArgs, json: bool) -> Result<()> {
                     .f("probe_ns", p.p50)
                     .f("ratio", ratio)
                     .f("floor_ns", f.p50)
-                    .f("floor_ratio", c.p50 / f.p50);
+                    .f("floor_ratio", c.p50 / f.p50)
+                    .u("recv_skew", u64::from(a.recv_skew));
                 if let Some(ch) = ch {
                     row = row
                         .f("channel_ns", ch.p50)
