@@ -61,7 +61,7 @@ pub fn probe() -> io::Result<()> {
 
 /// Whether the kernel's copies are many times slower when the destination is a few
 /// bytes ahead of the source within a page, as `rep movsb` is on some CPUs
-/// (`nemesis_shm::copy`): on an AMD EPYC (family 25) guest, 16 KiB read from our own
+/// (`nemesis_shm::copy`): on an AMD EPYC (family 25) guest, 64 KiB read from our own
 /// memory moved at 1.2–2.0 GB/s with the destination 1 to 31 bytes ahead, and 7.3–7.7
 /// otherwise. Timed here, best of three each way, 16 KiB with the destination on the
 /// source's offset and 16 bytes ahead, taking about 50 µs; "slow" means more than
@@ -70,8 +70,12 @@ pub fn skew_slows_kernel_copies() -> bool {
     const LEN: usize = 16 << 10;
     let src = vec![0x5au8; LEN + 4096];
     let mut dst = vec![0u8; LEN + 8192];
-    let s = src.as_ptr().wrapping_add(src.as_ptr().align_offset(4096));
-    let d0 = dst.as_mut_ptr().wrapping_add(dst.as_ptr().align_offset(4096));
+    let s = src
+        .as_ptr()
+        .wrapping_add(src.as_ptr().align_offset(4096).min(4096));
+    let d0 = dst
+        .as_mut_ptr()
+        .wrapping_add(dst.as_ptr().align_offset(4096).min(4096));
     let time = |d: *mut u8| {
         let l = libc::iovec {
             iov_base: d.cast(),
@@ -82,9 +86,9 @@ pub fn skew_slows_kernel_copies() -> bool {
             iov_len: LEN,
         };
         let t = std::time::Instant::now();
-        // SAFETY: `d` and `s` are within `dst` and `src` for `LEN` bytes (each has a
-        // page boundary in its first 4096 bytes and `LEN + 16` after it), and the
-        // kernel writes only through the local iovec.
+        // SAFETY: `s` starts at most 4096 bytes into `src`, which has `LEN` more, and
+        // `d` at most 4112 into `dst`, which has `LEN + 4080` more; the kernel writes
+        // only through the local iovec.
         let n = unsafe { libc::process_vm_readv(libc::getpid(), &l, 1, &r, 1, 0) };
         (n == LEN as isize).then(|| t.elapsed())
     };
