@@ -85,6 +85,10 @@ pub struct Plan {
     pub rate_iters: u64,
     /// Calls per collective and process count.
     pub coll_iters: u64,
+    /// How many more times a figure is taken when the CPUs moved while it was (for
+    /// nemesis's), or when it was not taken at the placement nemesis's was (for a
+    /// peer's): the last try stands.
+    pub retries: u32,
     /// The machine's CPUs, which the collectives' processes may all use (the pair pins
     /// this process to one, and a job started from it would inherit that).
     pub cpus: Vec<usize>,
@@ -167,12 +171,57 @@ fn probe_ns(pair: &mut Pair) -> Result<f64> {
     Ok(Summary::of(&mut rtt.iter().map(|&t| clock.ns(t) / 2.0).collect::<Vec<_>>()).map_or(0.0, |s| s.p50))
 }
 
+/// Whether a peer's figure taken at `theirs` stands beside nemesis's taken at `ours`,
+/// after `tries` retries of `retries`: when nemesis's placement is known, only one taken
+/// at the same placement does, until the retries run out.
+fn peer_figure_stands(ours: Option<Placement>, theirs: Option<Placement>, tries: u32, retries: u32) -> bool {
+    ours.is_none() || theirs == ours || tries >= retries
+}
+
+/// nemesis's figure of `test` at `size`.
+fn ours(pair: &mut Pair, test: Test, size: usize, plan: &Plan) -> Result<f64> {
+    let clock = pair.clock();
+    Ok(match test {
+        Test::Latency => {
+            let mut rtt = Vec::new();
+            pair.ping_pong_through(
+                super::Layer::P2p,
+                size,
+                plan.lat_iters,
+                plan.lat_iters / 10,
+                &mut rtt,
+            )?;
+            let mut half: Vec<f64> = rtt.iter().map(|&t| clock.ns(t) / 2.0).collect();
+            Summary::of(&mut half).map_or(0.0, |s| s.p50)
+        }
+        Test::Bandwidth => {
+            let iters = bw_iters(size, plan.window);
+            let secs = pair.stream_p2p(StreamPlan {
+                osu: true,
+                ..StreamPlan::new(size, plan.window, iters, (iters / 10).max(1))
+            })?;
+            (size as u64 * plan.window * iters) as f64 / secs / 1e6
+        }
+        Test::Rate => {
+            let secs = pair.stream_p2p(StreamPlan::new(
+                size,
+                plan.window,
+                plan.rate_iters,
+                plan.rate_iters / 10,
+            ))?;
+            (plan.window * plan.rate_iters) as f64 / secs
+        }
+        Test::Barrier | Test::Allreduce => unreachable!("collectives are measured apart"),
+    })
+}
+
 /// Measures one round: for each test and size, nemesis and then every peer, with a
 /// placement probe before the first and after each, so that every figure knows the
-/// placement it was taken at. `probe` gets the probe from the start of the round.
+/// placement it was taken at (taken again, up to `plan.retries` times, when that is
+/// unknown or a peer's differs from nemesis's). `probe` gets the probe from the start
+/// of the round.
 pub fn round(pair: &mut Pair, peers: &[Peer], plan: &Plan, probe: &mut Vec<f64>) -> Result<Round> {
     let mut out = Round::new();
-    let clock = pair.clock();
     let mut before = probe_ns(pair)?;
     probe.push(before);
     for (test, sizes) in &plan.sizes {
@@ -188,42 +237,19 @@ pub fn round(pair: &mut Pair, peers: &[Peer], plan: &Plan, probe: &mut Vec<f64>)
             continue;
         }
         for &size in sizes {
-            let v = match test {
-                Test::Latency => {
-                    let mut rtt = Vec::new();
-                    pair.ping_pong_through(
-                        super::Layer::P2p,
-                        size,
-                        plan.lat_iters,
-                        plan.lat_iters / 10,
-                        &mut rtt,
-                    )?;
-                    let mut half: Vec<f64> = rtt.iter().map(|&t| clock.ns(t) / 2.0).collect();
-                    Summary::of(&mut half).map_or(0.0, |s| s.p50)
+            // Again while the CPUs move during the figure.
+            let mut tries = 0;
+            let (value, placement) = loop {
+                let v = ours(pair, *test, size, plan)?;
+                let after = probe_ns(pair)?;
+                let placement = Placement::between(before, after);
+                before = after;
+                if placement.is_some() || tries == plan.retries {
+                    break (v, placement);
                 }
-                Test::Bandwidth => {
-                    let iters = bw_iters(size, plan.window);
-                    let secs = pair.stream_p2p(StreamPlan {
-                        osu: true,
-                        ..StreamPlan::new(size, plan.window, iters, (iters / 10).max(1))
-                    })?;
-                    (size as u64 * plan.window * iters) as f64 / secs / 1e6
-                }
-                Test::Rate => {
-                    let secs = pair.stream_p2p(StreamPlan::new(
-                        size,
-                        plan.window,
-                        plan.rate_iters,
-                        plan.rate_iters / 10,
-                    ))?;
-                    (plan.window * plan.rate_iters) as f64 / secs
-                }
-                Test::Barrier | Test::Allreduce => unreachable!("collectives are measured apart"),
+                tries += 1;
             };
-            let after = probe_ns(pair)?;
-            let placement = Placement::between(before, after);
-            before = after;
-            out.insert((*test, size, NEMESIS.to_string()), Figure { value: v, placement });
+            out.insert((*test, size, NEMESIS.to_string()), Figure { value, placement });
             // Each peer a size at a time, so that its figure has probes of its own.
             let rest = match test {
                 Test::Latency => format!("{} {}", plan.lat_iters, plan.lat_iters / 10),
@@ -232,12 +258,26 @@ pub fn round(pair: &mut Pair, peers: &[Peer], plan: &Plan, probe: &mut Vec<f64>)
                 Test::Barrier | Test::Allreduce => unreachable!("collectives are measured apart"),
             };
             for p in peers {
-                let got = run_peer(p, *test, &[size], &rest)?;
-                let after = probe_ns(pair)?;
-                let placement = Placement::between(before, after);
-                before = after;
-                for (size, value) in got {
-                    out.insert((*test, size, p.name.clone()), Figure { value, placement });
+                // Again until taken at nemesis's placement, if it has one.
+                let mut tries = 0;
+                loop {
+                    let got = run_peer(p, *test, &[size], &rest)?;
+                    let after = probe_ns(pair)?;
+                    let theirs = Placement::between(before, after);
+                    before = after;
+                    if peer_figure_stands(placement, theirs, tries, plan.retries) {
+                        for (size, value) in got {
+                            out.insert(
+                                (*test, size, p.name.clone()),
+                                Figure {
+                                    value,
+                                    placement: theirs,
+                                },
+                            );
+                        }
+                        break;
+                    }
+                    tries += 1;
                 }
             }
         }
@@ -487,5 +527,19 @@ mod tests {
         );
         assert_eq!(matched_ratio(&rounds, Test::Bandwidth, 4096, "other", Near), None);
         assert_eq!(matched_ratio(&rounds, Test::Latency, 4096, "mpi", Near), None);
+    }
+
+    #[test]
+    fn a_peer_figure_is_taken_again_until_its_placement_matches() {
+        use Placement::{Far, Near};
+        assert!(peer_figure_stands(Some(Near), Some(Near), 0, 2));
+        assert!(!peer_figure_stands(Some(Near), Some(Far), 0, 2));
+        assert!(!peer_figure_stands(Some(Far), None, 1, 2));
+        assert!(peer_figure_stands(Some(Far), None, 2, 2), "the retries ran out");
+        assert!(
+            peer_figure_stands(None, Some(Far), 0, 2),
+            "nemesis's placement unknown"
+        );
+        assert!(peer_figure_stands(Some(Near), Some(Far), 0, 0), "no retries");
     }
 }

@@ -405,6 +405,11 @@ struct PeersArgs {
     /// Calls per collective, process count and round.
     #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(10..))]
     coll_iters: u64,
+    /// How many more times to take a figure whose CPUs moved while it was taken
+    /// (nemesis's), or that was not taken at the placement nemesis's was (a peer's), so
+    /// that more rounds give a near or far ratio. 0 takes each once.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..10))]
+    retries: u32,
 }
 
 fn peer_arg(s: &str) -> Result<measure::peers::Peer, String> {
@@ -465,6 +470,7 @@ fn peers(a: &PeersArgs, json: bool) -> Result<()> {
         window: a.window,
         rate_iters: a.rate_iters,
         coll_iters: a.coll_iters,
+        retries: a.retries,
         cpus: measure::allowed_cpus(),
     };
     let mut pair = Pair::start_over(!a.no_pin, a.transport)?;
