@@ -102,15 +102,13 @@ pub fn skew_slows_kernel_copies() -> bool {
     ahead > on * 2
 }
 
-/// Whether a kernel copy of `len` bytes from the sender's buffer named by `cookie` into
-/// `dst` would meet that slow case: their first pieces only, which hold the bulk of any
-/// usual message. `false` for a cookie that names nothing.
-pub fn meets_slow_case(cookie: &[u8], dst: &[Seg], len: usize) -> bool {
-    let src = cookie
-        .get(..4)
-        .filter(|n| u32::from_le_bytes((*n).try_into().expect("4 bytes")) > 0)
-        .and_then(|_| cookie.get(4..12))
-        .map(|a| u64::from_le_bytes(a.try_into().expect("8 bytes")) as usize);
+/// Whether a kernel copy of the `len`-byte message from `peer`'s buffer named by
+/// `cookie` into `dst` would meet that slow case: their first pieces only, which hold the
+/// bulk of any usual message. `false` for a cookie that names nothing, or not `len` bytes.
+pub fn meets_slow_case(peer: u32, cookie: &[u8], dst: &[Seg], len: usize) -> bool {
+    let src = decode(peer, cookie, len)
+        .ok()
+        .and_then(|p| p.first().map(|&(addr, _)| addr as usize));
     let dst = dst.iter().find(|s| s.len > 0).map(|s| s.ptr as usize);
     match (src, dst) {
         (Some(s), Some(d)) => nemesis_shm::copy::meets_slow_case(s as *const u8, d as *const u8, len),

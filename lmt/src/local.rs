@@ -368,7 +368,9 @@ impl Lmt for LocalLmt {
             return Strategy::Chunks;
         }
         let mut order = self.preferred(len);
-        if self.policy.force.is_none() && self.kernel_skew_slow && cma::meets_slow_case(rts_cookie, dst, len)
+        if self.policy.force.is_none()
+            && self.kernel_skew_slow
+            && cma::meets_slow_case(peer, rts_cookie, dst, len)
         {
             // Our own copies only: the ring, or chunks when it is busy (a window of
             // receives), each faster than the kernel's copies here.

@@ -291,6 +291,7 @@ fn bad_arguments_are_refused() {
         &["latency", "--sizes", "8x"][..],
         &["ring", "--procs", "1"],
         &["bw", "--window", "0"],
+        &["bw", "--recv-skew", "4096"],
         &["latency", "--transport", "pigeon"],
         &["rma", "--ops", "teleport"],
         &["rma", "--sync", "sometimes"],
@@ -327,6 +328,24 @@ fn bad_arguments_are_refused() {
         (
             &["memory", "--procs", "2", "--udp-peers", "2", "--rc-peers", "2"],
             "`verbs` feature",
+        ),
+        (
+            &["latency", "--recv-skew", "16", "--sizes", "8", "--rounds", "1"],
+            "use --layer p2p",
+        ),
+        (
+            &[
+                "bw",
+                "--buffers",
+                "pinned",
+                "--recv-skew",
+                "16",
+                "--sizes",
+                "16K",
+                "--rounds",
+                "1",
+            ],
+            "pinned buffers",
         ),
         (
             &[
@@ -415,7 +434,16 @@ fn peers_compare_with_a_stand_in() {
         assert!(row.contains(&format!("\"test\":\"{test}\"")), "{row}");
         has(
             row,
-            &["nemesis", "peer_value", "ratio", "probe_ns", "placement", "cpu"],
+            &[
+                "nemesis",
+                "peer_value",
+                "ratio",
+                "near_rounds",
+                "far_rounds",
+                "probe_ns",
+                "placement",
+                "cpu",
+            ],
         );
         let want = match test {
             "latency" => "100.000",

@@ -351,10 +351,6 @@ pub struct StreamPlan {
     pub osu: bool,
     /// The sender's medium limit in a stream; `None`, as the environment says.
     pub stream_medium_limit: Option<usize>,
-    /// How far past a page boundary the receive buffers start (below 4096; the send
-    /// buffer starts on one): a copy whose destination is a few bytes ahead of its
-    /// source within a page can be many times slower (`nemesis_shm::copy`).
-    pub recv_skew: usize,
 }
 
 impl StreamPlan {
@@ -369,7 +365,6 @@ impl StreamPlan {
             lmt: None,
             osu: false,
             stream_medium_limit: None,
-            recv_skew: 0,
         }
     }
 }
@@ -389,7 +384,8 @@ pub struct Pair {
     buf: Vec<u8>,
     /// What the streaming benchmarks send from and receive into.
     bufs: BufKind,
-    /// How far past a page boundary the two-sided ping-pong's receive buffers start.
+    /// How far past a page boundary the two-sided receive buffers start (ping-pong and
+    /// stream).
     recv_skew: usize,
 }
 
@@ -501,11 +497,16 @@ impl Pair {
         })
     }
 
-    /// Has the two-sided ping-pong receive into buffers `skew` bytes (below 4096) past
-    /// a page boundary, on both sides, where it sends from a page boundary; each side
-    /// echoes from its receive buffer.
-    pub fn set_recv_skew(&mut self, skew: usize) {
-        self.recv_skew = skew % 4096;
+    /// Has the two-sided benchmarks receive into buffers `skew` bytes past a page
+    /// boundary, where they send from one: a copy whose destination is a few bytes
+    /// ahead of its source within a page can be many times slower (`nemesis_shm::copy`).
+    /// In the ping-pong both sides receive so, and each echoes from its receive buffer.
+    ///
+    /// # Errors
+    /// A skew of a page or more.
+    pub fn set_recv_skew(&mut self, skew: usize) -> Result<()> {
+        self.recv_skew = checked_skew(skew)?;
+        Ok(())
     }
 
     /// Has the streaming benchmarks send from and receive into `kind` of memory.
@@ -749,18 +750,17 @@ impl Pair {
             lmt,
             osu,
             stream_medium_limit,
-            recv_skew,
         } = plan;
-        if recv_skew >= 4096 {
-            return Err(MeasureError::Other(format!(
-                "a receive skew of {recv_skew} bytes: at most 4095"
-            )));
+        if self.bufs == BufKind::Pinned && self.recv_skew != 0 {
+            return Err(MeasureError::Other(
+                "a receive skew with pinned buffers: they start on a page boundary".into(),
+            ));
         }
         let code = lmt.map_or(0, |s| s as u64 + 1);
         set_lmt(&mut self.ch, code)?;
         let osu_bit = u64::from(osu) << SINK_OSU_BIT;
         let pinned_bit = u64::from(self.bufs == BufKind::Pinned) << SINK_PINNED_BIT;
-        let skew = (recv_skew as u64) << SINK_SKEW_SHIFT;
+        let skew = (self.recv_skew as u64) << SINK_SKEW_SHIFT;
         self.command(
             OP_SINK_P2P,
             [
@@ -1152,6 +1152,16 @@ const SINK_PINNED_BIT: u32 = 41;
 /// start.
 const SINK_SKEW_SHIFT: u32 = 42;
 
+/// `skew` if it is less than a page, as the sink's 12 bits and [`PageAligned::at`] need.
+fn checked_skew(skew: usize) -> Result<usize> {
+    if skew >= 4096 {
+        return Err(MeasureError::Other(format!(
+            "a receive skew of {skew} bytes: at most 4095"
+        )));
+    }
+    Ok(skew)
+}
+
 /// A buffer that starts on a page boundary, as benchmark buffers do (osu's too): a copy
 /// whose destination is a few bytes ahead of its source modulo 4096 can be twenty times
 /// slower (`nemesis_shm::copy`), and nemesis's own copies keep clear of that, but the
@@ -1249,5 +1259,26 @@ fn end_job(job: Job, timeout: Duration) -> Result<()> {
     match out.first_failure {
         Some((rank, exit)) => Err(MeasureError::PartnerDied { rank, exit }),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_receive_skew_is_less_than_a_page_and_places_the_buffer_so() {
+        assert_eq!(checked_skew(0).unwrap(), 0);
+        assert_eq!(checked_skew(4095).unwrap(), 4095);
+        let e = checked_skew(4096).unwrap_err();
+        assert!(
+            matches!(e, MeasureError::Other(ref m) if m.contains("at most 4095")),
+            "{e}"
+        );
+        for skew in [0, 16, 4095] {
+            let b = PageAligned::at(1000, skew);
+            assert_eq!(b.as_ptr() as usize % 4096, skew);
+            assert_eq!(b.len(), 1000);
+        }
     }
 }

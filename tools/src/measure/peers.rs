@@ -149,11 +149,11 @@ pub struct Figure {
     pub placement: Option<Placement>,
 }
 
-/// Every figure of one round: (test, size, who) to the figure.
-pub type Round = BTreeMap<(Test, usize, String), Figure>;
-
-/// A key of [`Round`].
+/// A figure's test, size, and whose it is.
 pub type Key = (Test, usize, String);
+
+/// Every figure of one round.
+pub type Round = BTreeMap<Key, Figure>;
 
 /// Name under which nemesis's own figures are kept.
 pub const NEMESIS: &str = "nemesis";

@@ -783,6 +783,9 @@ fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Result<()> {
             })
         })
         .collect::<Result<_>>()?;
+    for p in pairs.iter_mut() {
+        p.set_recv_skew(usize::from(a.recv_skew))?;
+    }
     let net = pairs.iter().any(|p| p.transport() != Transport::Shm);
     if !json {
         println!(
@@ -873,7 +876,6 @@ fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Result<()> {
                     secs[k][i].push(pair.stream_p2p(StreamPlan {
                         lmt,
                         osu: a.osu,
-                        recv_skew: usize::from(a.recv_skew),
                         ..StreamPlan::new(size, a.window, iters, warmup)
                     })?);
                 }
@@ -901,7 +903,11 @@ fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Result<()> {
                 // Buffers whose offsets slow the kernel's copies take the ring, or chunks
                 // while the ring is busy (`LocalLmt::kernel_skew_slow`).
                 let skewed = pair.transport() == Transport::Shm
-                    && (1..64).contains(&a.recv_skew)
+                    && nemesis::shm::copy::meets_slow_case(
+                        std::ptr::null(),
+                        std::ptr::null::<u8>().wrapping_add(usize::from(a.recv_skew)),
+                        size,
+                    )
                     && pair.kernel_skew_slow();
                 let used = if size <= eager {
                     "eager"
@@ -1179,7 +1185,7 @@ fn latency(pairs: &mut [Pair], a: &LatencyArgs, json: bool) -> Result<()> {
         anyhow::bail!("--recv-skew: the channel's ping-pong has no receive buffer to place; use --layer p2p");
     }
     for p in pairs.iter_mut() {
-        p.set_recv_skew(usize::from(a.recv_skew));
+        p.set_recv_skew(usize::from(a.recv_skew))?;
     }
     let net = pairs.iter().any(|p| p.transport() != Transport::Shm);
     if !json {
