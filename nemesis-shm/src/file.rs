@@ -66,6 +66,18 @@ impl Mapping {
     }
 }
 
+impl Mapping {
+    /// Maps every page now, writable, so that the first transfers through it take no
+    /// page faults. Best effort: a kernel before 5.14 leaves them to fault in as used.
+    pub(crate) fn populate(&self) {
+        #[cfg(target_os = "linux")]
+        // SAFETY: advice on our own mapping, which it neither moves nor changes.
+        unsafe {
+            libc::madvise(self.base.as_ptr().cast(), self.len, libc::MADV_POPULATE_WRITE)
+        };
+    }
+}
+
 impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: we mapped exactly this range and nothing borrows it past our owner.

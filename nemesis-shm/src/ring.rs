@@ -366,6 +366,9 @@ mod file_ring {
         }
 
         fn from_map(map: Mapping, geo: RingGeometry, path: PathBuf) -> Self {
+            // A ring is made for a large transfer, which would otherwise take a fault on
+            // each of its pages the first time round (on each side).
+            map.populate();
             let guards = (0..geo.slots).map(|_| UnsafeCell::new(())).collect();
             Self {
                 map,
