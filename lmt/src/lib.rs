@@ -36,6 +36,7 @@ pub mod rdma;
 mod regcache;
 mod routes;
 mod stream;
+mod tune;
 
 pub use local::LocalLmt;
 pub use nemesis_shm::ring::Seg;
@@ -311,6 +312,8 @@ pub struct Xfer {
     pub(crate) remote: Vec<(u64, u64)>,
     /// Registrations and reads in flight, for [`Strategy::Rdma`].
     pub(crate) rdma: Option<Box<rdma::Held>>,
+    /// When a receive that automatic selection may time began.
+    pub(crate) stamp: Option<tune::Stamp>,
 }
 
 impl Xfer {
@@ -327,6 +330,7 @@ impl Xfer {
             split: SplitState::default(),
             remote: Vec::new(),
             rdma: None,
+            stamp: None,
         }
     }
 

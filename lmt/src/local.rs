@@ -2,6 +2,7 @@
 
 use crate::policy::CMA_STEP;
 use crate::stream::RingEnd;
+use crate::tune::Tuner;
 use crate::{Lmt, Role};
 use crate::{LmtError, Mode, Offer, Policy, Seg, SplitState, Strategies, Strategy, Xfer, cma, pipe};
 use nemesis_shm::split::{self, SLOTS as SPLIT_SLOTS, Side, SplitClaim};
@@ -49,6 +50,8 @@ pub struct LocalLmt {
     last_split: u32,
     /// Which of its split-transfer words its receives hold, a bit each.
     split_slots: u64,
+    /// What this side's receives took, for automatic selection.
+    tuner: Tuner,
 }
 
 /// Claims `peer`'s receiving end in `ends`, made with `make` on first use: `Some(true)`
@@ -159,6 +162,7 @@ impl LocalLmt {
             cpus_shared: false,
             last_split: 0,
             split_slots: 0,
+            tuner: Tuner::default(),
         })
     }
 
@@ -330,61 +334,10 @@ impl LocalLmt {
             _ => {}
         }
     }
-}
 
-impl Lmt for LocalLmt {
-    fn offer(&mut self, peer: u32, src: &[Seg], len: usize, cookie: &mut Vec<u8>) -> Offer {
-        let mut set = Strategies::CHUNKS;
-        if !self.is_local(peer) {
-            return Offer::CHUNKS;
-        }
-        // The cookie naming the sender's pages, which every in-place offer shares:
-        // `None` until made, `Some(false)` when the buffer has too many pieces.
-        let mut named = None;
-        for s in self.preferred(len) {
-            if !self.possible(peer, s) {
-                continue;
-            }
-            if s.offered_in_place() && !*named.get_or_insert_with(|| cma::encode(src, cookie)) {
-                continue;
-            }
-            set = set.with(s);
-        }
-        Offer {
-            strategies: set,
-            held: None,
-        }
-    }
-
-    fn choose(
-        &mut self,
-        peer: u32,
-        len: usize,
-        offered: Strategies,
-        rts_cookie: &[u8],
-        dst: &[Seg],
-    ) -> Strategy {
-        if !self.is_local(peer) {
-            return Strategy::Chunks;
-        }
-        let mut order = self.preferred(len);
-        if self.policy.force.is_none()
-            && self.kernel_skew_slow
-            && cma::meets_slow_case(peer, rts_cookie, dst, len)
-        {
-            // Our own copies only: the ring, or chunks when it is busy (a window of
-            // receives), each faster than the kernel's copies here.
-            order.retain(|s| !s.copies_in_kernel());
-        }
-        for s in order {
-            if offered.has(s) && self.possible(peer, s) && self.claim(peer, s) {
-                return s;
-            }
-        }
-        Strategy::Chunks
-    }
-
-    fn start_recv(
+    /// [`Lmt::start_recv`], but for the timing.
+    #[allow(clippy::too_many_arguments)]
+    fn begin_recv(
         &mut self,
         peer: u32,
         strategy: Strategy,
@@ -464,6 +417,83 @@ impl Lmt for LocalLmt {
                 cts_cookie.extend_from_slice(name.as_bytes());
             }
             Strategy::Rdma => return Err(not_here(peer)),
+        }
+        Ok(x)
+    }
+}
+
+impl Lmt for LocalLmt {
+    fn offer(&mut self, peer: u32, src: &[Seg], len: usize, cookie: &mut Vec<u8>) -> Offer {
+        let mut set = Strategies::CHUNKS;
+        if !self.is_local(peer) {
+            return Offer::CHUNKS;
+        }
+        // The cookie naming the sender's pages, which every in-place offer shares:
+        // `None` until made, `Some(false)` when the buffer has too many pieces.
+        let mut named = None;
+        for s in self.preferred(len) {
+            if !self.possible(peer, s) {
+                continue;
+            }
+            if s.offered_in_place() && !*named.get_or_insert_with(|| cma::encode(src, cookie)) {
+                continue;
+            }
+            set = set.with(s);
+        }
+        Offer {
+            strategies: set,
+            held: None,
+        }
+    }
+
+    fn choose(
+        &mut self,
+        peer: u32,
+        len: usize,
+        offered: Strategies,
+        rts_cookie: &[u8],
+        dst: &[Seg],
+    ) -> Strategy {
+        if !self.is_local(peer) {
+            return Strategy::Chunks;
+        }
+        let mut order = self.preferred(len);
+        if self.policy.force.is_none()
+            && self.kernel_skew_slow
+            && cma::meets_slow_case(peer, rts_cookie, dst, len)
+        {
+            // Our own copies only: the ring, or chunks when it is busy (a window of
+            // receives), each faster than the kernel's copies here.
+            order.retain(|s| !s.copies_in_kernel());
+        }
+        order.retain(|&s| offered.has(s) && self.possible(peer, s));
+        if self.policy.force.is_none() && self.policy.tune && !self.cpus_shared {
+            // Where the processes outnumber the CPUs, the order is kept: a look at the
+            // ring there costs a dozen transfers' time.
+            self.tuner.rank(peer, len, &mut order);
+        }
+
+        for s in order {
+            if self.claim(peer, s) {
+                return s;
+            }
+        }
+        Strategy::Chunks
+    }
+
+    fn start_recv(
+        &mut self,
+        peer: u32,
+        strategy: Strategy,
+        rts_cookie: &[u8],
+        total: usize,
+        cap: usize,
+        dst: &[Seg],
+        cts_cookie: &mut Vec<u8>,
+    ) -> Result<Xfer, LmtError> {
+        let mut x = self.begin_recv(peer, strategy, rts_cookie, total, cap, dst, cts_cookie)?;
+        if strategy != Strategy::Chunks {
+            x.stamp = Some(self.tuner.begin());
         }
         Ok(x)
     }
@@ -614,6 +644,10 @@ impl Lmt for LocalLmt {
     }
 
     fn end(&mut self, x: &Xfer) {
+        if let Some(stamp) = x.stamp {
+            let moved = x.is_complete() && !x.split.gave_up;
+            self.tuner.end(stamp, x.peer, x.total, x.strategy, moved);
+        }
         if x.strategy == Strategy::CmaSplit && x.role == Role::Recv && x.split.id != 0 {
             if let Some(w) = self.split_word(self.me, x.split.slot) {
                 w.close(x.split.id);
@@ -641,6 +675,7 @@ impl Lmt for LocalLmt {
     }
 
     fn peer_terminated(&mut self, peer: u32) {
+        self.tuner.forget(peer);
         self.forget(peer, Strategy::Ring);
         self.forget(peer, Strategy::Vmsplice);
         if let Some(p) = self.pids.get_mut(peer as usize) {
@@ -926,6 +961,52 @@ mod tests {
                 "kernel copies slow: {slow}, destination {skew} bytes ahead, forced {force:?}"
             );
         }
+    }
+
+    #[test]
+    fn automatic_selection_tries_each_strategy_then_takes_the_one_its_transfers_found_fastest() {
+        use Strategy::{Cma, Ring};
+        let dir = tmpdir("tune");
+        let (mut tx, mut rx) = pair(&dir);
+        if rx.cma_refused().is_some() {
+            eprintln!("skipping: CMA is not permitted here");
+            return;
+        }
+        let order =
+            |o: &str| Policy::from_lookup(|k| (k == "NEMESIS_LMT_AUTO").then(|| o.to_string())).unwrap();
+        rx.set_policy(order("ring,cma")).unwrap();
+        tx.set_policy(order("ring,cma")).unwrap();
+        let len = 256 << 10;
+        let msg: Vec<u8> = (0..len).map(|j| (j % 251) as u8).collect();
+        let offered = Strategies::CHUNKS.with(Ring).with(Cma);
+        let mut chosen = Vec::new();
+        for _ in 0..12 {
+            let s = rx.choose(0, len, offered, &[], &[]);
+            assert!(transfer(&mut tx, &mut rx, s, &msg) == msg, "{s}");
+            chosen.push(s);
+        }
+        // Each in the policy's order: a first try, untimed, then three timed.
+        assert_eq!(chosen[..8], [Ring, Ring, Ring, Ring, Cma, Cma, Cma, Cma]);
+        let took = |s| rx.tuner.figure(0, len, s).expect("timed");
+        let (fast, slow) = if took(Ring) <= took(Cma) {
+            (Ring, Cma)
+        } else {
+            (Cma, Ring)
+        };
+        assert!(chosen[8..].iter().all(|&s| s == fast), "{chosen:?}");
+        // Put last by the policy, the faster is still taken first; with NEMESIS_LMT_TUNE
+        // off, the policy's order holds.
+        let slow_first = order(&format!("{slow},{fast}"));
+        rx.set_policy(slow_first).unwrap();
+        assert_eq!(rx.choose(0, len, offered, &[], &[]), fast);
+        // Lets the ring go again, as a transfer's end does.
+        rx.end(&Xfer::new(0, fast, Role::Recv, 0));
+        rx.set_policy(Policy {
+            tune: false,
+            ..slow_first
+        })
+        .unwrap();
+        assert_eq!(rx.choose(0, len, offered, &[], &[]), slow);
     }
 
     #[test]

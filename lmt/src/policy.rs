@@ -286,6 +286,9 @@ pub struct Policy {
     /// From how many bytes a message to another node goes by RDMA read, or `None` for
     /// never (`NEMESIS_LMT_RDMA_MIN`).
     pub rdma_min: Option<usize>,
+    /// Whether automatic selection puts first, among the strategies its order allows,
+    /// the one this pair's recent transfers of the size found fastest (`NEMESIS_LMT_TUNE`).
+    pub tune: bool,
 }
 
 impl Default for Policy {
@@ -295,6 +298,7 @@ impl Default for Policy {
             ring: DEFAULT_RING,
             auto: AutoBands::default(),
             rdma_min: Some(DEFAULT_RDMA_MIN),
+            tune: true,
         }
     }
 }
@@ -322,7 +326,7 @@ impl Policy {
 }
 
 impl Policy {
-    /// Reads `NEMESIS_LMT`, `NEMESIS_LMT_AUTO`, `NEMESIS_LMT_RING_SLOTS`,
+    /// Reads `NEMESIS_LMT`, `NEMESIS_LMT_AUTO`, `NEMESIS_LMT_TUNE`, `NEMESIS_LMT_RING_SLOTS`,
     /// `NEMESIS_LMT_RING_SLOT_SIZE` and `NEMESIS_LMT_RDMA_MIN`.
     pub fn from_env() -> Result<Self, LmtError> {
         Self::from_lookup(|k| std::env::var(k).ok())
@@ -354,6 +358,19 @@ impl Policy {
                 value: v.clone(),
                 reason,
             })?;
+        }
+        if let Some(v) = get("NEMESIS_LMT_TUNE").filter(|v| !v.trim().is_empty()) {
+            p.tune = match v.trim().to_ascii_lowercase().as_str() {
+                "1" | "on" | "yes" | "true" => true,
+                "0" | "off" | "no" | "false" => false,
+                _ => {
+                    return Err(LmtError::Config {
+                        var: "NEMESIS_LMT_TUNE",
+                        value: v.clone(),
+                        reason: "expected on or off (1 or 0)".into(),
+                    });
+                }
+            };
         }
         let size = |var: &'static str, default: u32, what: &str| -> Result<u32, LmtError> {
             match get(var).filter(|v| !v.trim().is_empty()) {
@@ -464,6 +481,11 @@ mod tests {
         assert!(parse(&[("NEMESIS_LMT_RDMA_MIN", "0")]).unwrap().rdma_for(1));
         assert!(parse(&[("NEMESIS_LMT", "rdma")]).unwrap().rdma_for(1));
         assert!(!parse(&[("NEMESIS_LMT", "ring")]).unwrap().rdma_for(1 << 30));
+        assert!(d.tune);
+        assert!(!parse(&[("NEMESIS_LMT_TUNE", " Off")]).unwrap().tune);
+        assert!(parse(&[("NEMESIS_LMT_TUNE", "1")]).unwrap().tune);
+        let e = parse(&[("NEMESIS_LMT_TUNE", "sometimes")]).unwrap_err();
+        assert!(e.to_string().contains("NEMESIS_LMT_TUNE"), "{e}");
     }
 
     #[test]

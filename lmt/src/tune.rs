@@ -1,0 +1,347 @@
+//! Automatic selection that follows what a pair's own transfers take.
+//!
+//! Which strategy is fastest can change while a job runs. On a 2-vCPU AMD EPYC guest whose
+//! hypervisor moves the two CPUs between sharing a cache and not, a 256 KiB ping-pong took
+//! 15 µs one way by the copy ring and 22 by cma-split with the cache shared, and 66 against
+//! 47 without (BENCHMARKS.md). So the receiver times each transfer that ran alone, keeps a
+//! figure per strategy, peer and size band, and tries the strategies its order allows
+//! fastest first. A slower one is tried again now and then, the less often the slower it
+//! was, so that a change of placement is noticed: each look costs at most
+//! 1/[`LOOK_EVERY`] of a transfer's time on average.
+
+use crate::Strategy;
+use std::collections::HashMap;
+use std::time::Instant;
+
+/// Choices between two looks at a strategy, per time slower than the best it was.
+pub const LOOK_EVERY: u64 = 48;
+
+/// The most times slower a strategy counts as: even a much slower one is looked at again
+/// within `LOOK_EVERY * SLOWEST` choices.
+const SLOWEST: f64 = 8.0;
+
+/// Transfers in a look, and the figures of a strategy in use that count: enough that one
+/// transfer slowed by something else decides nothing, few enough that a change of
+/// placement shows within a few transfers.
+const RECENT: usize = 3;
+
+/// When a transfer that may be timed began: taken by [`Tuner::begin`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Stamp {
+    at: Instant,
+    /// The number of the receive, among this side's.
+    nth: u64,
+    /// No other receive was in flight when it began.
+    alone: bool,
+}
+
+/// What one strategy took with one peer in one size band.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    strategy: Strategy,
+    /// Nanoseconds per KiB, or `None` until timed: the least of the recent figures, as a
+    /// transfer is only ever slowed by what else runs.
+    figure: Option<f64>,
+    /// The last figures, the newest first.
+    recent: [f64; RECENT],
+    /// Times it was put first.
+    tries: u32,
+    /// Transfers left in a look at it.
+    look_left: u32,
+    /// The choice it was last put first or timed at.
+    at: u64,
+}
+
+#[derive(Debug, Default)]
+struct Band {
+    choices: u64,
+    seen: Vec<Seen>,
+}
+
+impl Band {
+    fn get(&self, s: Strategy) -> Option<&Seen> {
+        self.seen.iter().find(|x| x.strategy == s)
+    }
+
+    fn entry(&mut self, s: Strategy) -> &mut Seen {
+        let i = match self.seen.iter().position(|x| x.strategy == s) {
+            Some(i) => i,
+            None => {
+                self.seen.push(Seen {
+                    strategy: s,
+                    figure: None,
+                    recent: [f64::INFINITY; RECENT],
+                    tries: 0,
+                    look_left: 0,
+                    at: 0,
+                });
+                self.seen.len() - 1
+            }
+        };
+        &mut self.seen[i]
+    }
+
+    /// Which of `order` to put first, if not the fastest, and for how many transfers
+    /// more after this one.
+    fn next_look(&self, order: &[Strategy]) -> Option<(usize, u32)> {
+        if let Some(i) = order
+            .iter()
+            .position(|&s| self.get(s).is_some_and(|x| x.look_left > 0))
+        {
+            return Some((i, self.get(order[i]).map_or(0, |x| x.look_left - 1)));
+        }
+        // Never tried: a first try, not timed (it may make the ring's file, and touches
+        // the buffers' pages for the first time), then a look.
+        if let Some(i) = order.iter().position(|&s| self.get(s).is_none()) {
+            return Some((i, RECENT as u32));
+        }
+        let figure = |s: Strategy| self.get(s).and_then(|x| x.figure);
+        let best = order
+            .iter()
+            .filter_map(|&s| figure(s))
+            .fold(f64::INFINITY, f64::min);
+        let due = |s: Strategy| {
+            let x = self.get(s)?;
+            let times = figure(s).map_or(1.0, |f| (f / best).clamp(1.0, SLOWEST));
+            let wait = (LOOK_EVERY as f64 * times) as u64;
+            (figure(s) != Some(best) && self.choices - x.at >= wait).then_some(x.at)
+        };
+        // The one due the longest.
+        (0..order.len())
+            .filter_map(|i| due(order[i]).map(|at| (at, i)))
+            .min()
+            .map(|(_, i)| (i, RECENT as u32 - 1))
+    }
+}
+
+/// The receiver's figures, per peer and size band.
+#[derive(Debug, Default)]
+pub(crate) struct Tuner {
+    bands: HashMap<(u32, u32), Band>,
+    /// Receives begun and not yet ended.
+    live: u32,
+    /// Receives begun, ever.
+    begun: u64,
+}
+
+/// Sizes within a factor of four share figures.
+fn band(len: usize) -> u32 {
+    (usize::BITS - len.leading_zeros()) / 2
+}
+
+impl Tuner {
+    /// Puts `order` (strategies for `len` bytes to `peer`, every one possible now, best
+    /// first by the policy) in the order to try them: one being looked at first, then
+    /// by what each took. Left as it is with fewer than two, or while another receive is
+    /// in flight, since this one would not be timed.
+    pub fn rank(&mut self, peer: u32, len: usize, order: &mut [Strategy]) {
+        if order.len() < 2 || self.live > 0 {
+            return;
+        }
+        let b = self.bands.entry((peer, band(len))).or_default();
+        b.choices += 1;
+        match b.next_look(order) {
+            Some((i, left)) => {
+                order[..=i].rotate_right(1);
+                let choices = b.choices;
+                let x = b.entry(order[0]);
+                x.tries += 1;
+                x.look_left = left;
+                x.at = choices;
+            }
+            None => {
+                // Fastest first; one not yet timed where the policy put it.
+                let figure = |s: Strategy| b.get(s).and_then(|x| x.figure);
+                order.sort_by(|&a, &c| match (figure(a), figure(c)) {
+                    (Some(x), Some(y)) => x.total_cmp(&y),
+                    _ => std::cmp::Ordering::Equal,
+                });
+            }
+        }
+    }
+
+    /// A receive begins.
+    pub fn begin(&mut self) -> Stamp {
+        self.begun += 1;
+        self.live += 1;
+        Stamp {
+            at: Instant::now(),
+            nth: self.begun,
+            alone: self.live == 1,
+        }
+    }
+
+    /// A receive that began at `stamp` ends; `moved` when it moved the whole message.
+    /// Timed only if it ran alone from start to end.
+    pub fn end(&mut self, stamp: Stamp, peer: u32, len: usize, strategy: Strategy, moved: bool) {
+        self.live = self.live.saturating_sub(1);
+        if moved && stamp.alone && stamp.nth == self.begun && len > 0 {
+            let ns = stamp.at.elapsed().as_nanos() as f64;
+            self.record(peer, len, strategy, ns);
+        }
+    }
+
+    /// Records that a transfer of `len` bytes to `peer` by `strategy` took `ns`, unless it
+    /// was the strategy's first: the last [`RECENT`] count, so a look replaces them all.
+    pub fn record(&mut self, peer: u32, len: usize, strategy: Strategy, ns: f64) {
+        let b = self.bands.entry((peer, band(len))).or_default();
+        let choices = b.choices;
+        let x = b.entry(strategy);
+        if x.figure.is_none() && x.tries <= 1 {
+            // Its first try: cold.
+            return;
+        }
+        x.recent.rotate_right(1);
+        x.recent[0] = ns / (len as f64 / 1024.0);
+        x.figure = Some(x.recent.iter().copied().fold(f64::INFINITY, f64::min));
+        x.at = choices;
+    }
+
+    /// What `strategy` took per KiB with `peer` for `len` bytes, as far as measured.
+    #[cfg(test)]
+    pub fn figure(&self, peer: u32, len: usize, strategy: Strategy) -> Option<f64> {
+        self.bands.get(&(peer, band(len)))?.get(strategy)?.figure
+    }
+
+    /// Forgets what was measured with `peer` (its process ended).
+    pub fn forget(&mut self, peer: u32) {
+        self.bands.retain(|&(p, _), _| p != peer);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Strategy::{Cma, CmaSplit, Ring};
+
+    const LEN: usize = 256 << 10;
+
+    /// Chooses for `LEN` bytes from the policy's order `CmaSplit, Ring, Cma`, and times the
+    /// choice at `took(strategy)` microseconds.
+    fn choose(t: &mut Tuner, took: impl Fn(Strategy) -> f64) -> Strategy {
+        let mut order = [CmaSplit, Ring, Cma];
+        t.rank(1, LEN, &mut order);
+        let s = order[0];
+        t.record(1, LEN, s, took(s) * 1000.0);
+        s
+    }
+
+    fn near(s: Strategy) -> f64 {
+        match s {
+            Ring => 15.0,
+            CmaSplit => 22.0,
+            _ => 40.0,
+        }
+    }
+
+    fn far(s: Strategy) -> f64 {
+        match s {
+            Ring => 66.0,
+            CmaSplit => 47.0,
+            _ => 90.0,
+        }
+    }
+
+    #[test]
+    fn each_strategy_is_tried_once_then_the_fastest_is_kept() {
+        let mut t = Tuner::default();
+        let first: Vec<_> = (0..12).map(|_| choose(&mut t, near)).collect();
+        let want: Vec<_> = [CmaSplit, Ring, Cma]
+            .into_iter()
+            .flat_map(|s| [s; 1 + RECENT])
+            .collect();
+        assert_eq!(
+            first, want,
+            "the policy's order, each a first untimed try and a look"
+        );
+        let next: Vec<_> = (0..15).map(|_| choose(&mut t, near)).collect();
+        assert!(next.iter().all(|&s| s == Ring), "{next:?}");
+    }
+
+    #[test]
+    fn a_change_of_placement_is_followed_and_looks_cost_little() {
+        let mut t = Tuner::default();
+        for _ in 0..50 {
+            choose(&mut t, near);
+        }
+        // Moved far: the ring slows, and cma-split is looked at again within a few dozen
+        // choices, then kept.
+        let after: Vec<_> = (0..200).map(|_| choose(&mut t, far)).collect();
+        let switched = after
+            .iter()
+            .position(|&s| s == CmaSplit)
+            .expect("cma-split tried again");
+        assert!(switched <= (LOOK_EVERY * 2) as usize, "after {switched} choices");
+        let settled = &after[switched..];
+        let best = settled.iter().filter(|&&s| s == CmaSplit).count();
+        assert!(
+            best * 100 >= settled.len() * 90,
+            "{best} of {} by the fastest",
+            settled.len()
+        );
+        // And back.
+        let back: Vec<_> = (0..200).map(|_| choose(&mut t, near)).collect();
+        let switched = back
+            .iter()
+            .position(|&s| s == Ring)
+            .expect("the ring tried again");
+        assert!(switched <= (LOOK_EVERY * 2) as usize, "after {switched} choices");
+        let total: f64 = back[switched..].iter().map(|&s| near(s)).sum();
+        let ideal = near(Ring) * (back.len() - switched) as f64;
+        assert!(
+            total <= ideal * 1.1,
+            "looks cost {:.1}%",
+            (total / ideal - 1.0) * 100.0
+        );
+    }
+
+    #[test]
+    fn an_order_is_left_alone_while_a_receive_is_in_flight_and_overlapping_ones_are_not_timed() {
+        let mut t = Tuner::default();
+        for _ in 0..12 {
+            choose(&mut t, near);
+        }
+        let a = t.begin();
+        let mut order = [CmaSplit, Ring, Cma];
+        t.rank(1, LEN, &mut order);
+        assert_eq!(order, [CmaSplit, Ring, Cma], "in flight: the policy's order");
+        let b = t.begin();
+        t.end(a, 1, LEN, CmaSplit, true);
+        t.end(b, 1, LEN, CmaSplit, true);
+        // Neither ran alone, so the ring stays first.
+        let mut order = [CmaSplit, Ring, Cma];
+        t.rank(1, LEN, &mut order);
+        assert_eq!(order[0], Ring);
+        // Those alone are timed: three ring transfers of a millisecond make it slower
+        // than cma-split's 22 µs.
+        for _ in 0..RECENT {
+            let mut order = [CmaSplit, Ring, Cma];
+            t.rank(1, LEN, &mut order);
+            assert_eq!(order[0], Ring);
+            let c = t.begin();
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            t.end(c, 1, LEN, Ring, true);
+        }
+        let mut order = [CmaSplit, Ring, Cma];
+        t.rank(1, LEN, &mut order);
+        assert_eq!(order[0], CmaSplit);
+    }
+
+    #[test]
+    fn peers_and_size_bands_keep_their_own_figures() {
+        let mut t = Tuner::default();
+        for _ in 0..12 {
+            choose(&mut t, near);
+        }
+        let mut other_peer = [CmaSplit, Ring];
+        t.rank(2, LEN, &mut other_peer);
+        assert_eq!(other_peer[0], CmaSplit, "nothing measured with peer 2");
+        let mut other_size = [CmaSplit, Ring];
+        t.rank(1, 4 * LEN, &mut other_size);
+        assert_eq!(other_size[0], CmaSplit, "nothing measured at 1 MiB");
+        t.forget(1);
+        let mut order = [CmaSplit, Ring];
+        t.rank(1, LEN, &mut order);
+        assert_eq!(order[0], CmaSplit, "forgotten");
+    }
+}
