@@ -88,6 +88,11 @@ pub const KNOWN: &[(&str, Reader, &str)] = &[
         "the order automatic selection tries strategies in, by size",
     ),
     (
+        "NEMESIS_LMT_TUNE",
+        Reader::Library,
+        "whether automatic selection takes the strategy the pair's transfers found fastest",
+    ),
+    (
         "NEMESIS_LMT_RING_SLOTS",
         Reader::Library,
         "slots of each copy ring",

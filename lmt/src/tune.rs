@@ -2,12 +2,12 @@
 //!
 //! Which strategy is fastest can change while a job runs. On a 2-vCPU AMD EPYC guest whose
 //! hypervisor moves the two CPUs between sharing a cache and not, a 256 KiB ping-pong took
-//! 15 µs one way by the copy ring and 22 by cma-split with the cache shared, and 66 against
-//! 47 without (BENCHMARKS.md). So the receiver times each transfer that ran alone, keeps a
-//! figure per strategy, peer and size band, and tries the strategies its order allows
-//! fastest first. A slower one is tried again now and then, the less often the slower it
-//! was, so that a change of placement is noticed: each look costs at most
-//! 1/[`LOOK_EVERY`] of a transfer's time on average.
+//! 15–20 µs one way by the copy ring and 23–27 by cma-split with the cache shared, and
+//! 51–72 against 33–47 without (BENCHMARKS.md). So the receiver times each transfer that
+//! ran alone, keeps a figure per strategy, peer and size band, and tries the strategies its
+//! order allows fastest first. A slower one is looked at again now and then, the less often
+//! the slower it was, so that a change of placement is noticed: the looks cost at most
+//! [`LOOK`]/[`LOOK_EVERY`] (1/16) of a transfer's time on average.
 
 use crate::Strategy;
 use std::collections::HashMap;
@@ -20,10 +20,12 @@ pub const LOOK_EVERY: u64 = 48;
 /// within `LOOK_EVERY * SLOWEST` choices.
 const SLOWEST: f64 = 8.0;
 
-/// Transfers in a look, and the figures of a strategy in use that count: enough that one
-/// transfer slowed by something else decides nothing, few enough that a change of
-/// placement shows within a few transfers.
-const RECENT: usize = 3;
+/// Transfers in a look.
+const LOOK: u32 = 3;
+
+/// The figures of a strategy that count: enough that a few transfers slowed by something
+/// else decide nothing, few enough that a change of placement shows within a few.
+const RECENT: usize = 5;
 
 /// When a transfer that may be timed began: taken by [`Tuner::begin`].
 #[derive(Debug, Clone, Copy)]
@@ -93,7 +95,7 @@ impl Band {
         // Never tried: a first try, not timed (it may make the ring's file, and touches
         // the buffers' pages for the first time), then a look.
         if let Some(i) = order.iter().position(|&s| self.get(s).is_none()) {
-            return Some((i, RECENT as u32));
+            return Some((i, LOOK));
         }
         let figure = |s: Strategy| self.get(s).and_then(|x| x.figure);
         let best = order
@@ -110,7 +112,7 @@ impl Band {
         (0..order.len())
             .filter_map(|i| due(order[i]).map(|at| (at, i)))
             .min()
-            .map(|(_, i)| (i, RECENT as u32 - 1))
+            .map(|(_, i)| (i, LOOK - 1))
     }
 }
 
@@ -182,7 +184,7 @@ impl Tuner {
     }
 
     /// Records that a transfer of `len` bytes to `peer` by `strategy` took `ns`, unless it
-    /// was the strategy's first: the last [`RECENT`] count, so a look replaces them all.
+    /// was the strategy's first: the least of the last [`RECENT`] is its figure.
     pub fn record(&mut self, peer: u32, len: usize, strategy: Strategy, ns: f64) {
         let b = self.bands.entry((peer, band(len))).or_default();
         let choices = b.choices;
@@ -248,7 +250,7 @@ mod tests {
         let first: Vec<_> = (0..12).map(|_| choose(&mut t, near)).collect();
         let want: Vec<_> = [CmaSplit, Ring, Cma]
             .into_iter()
-            .flat_map(|s| [s; 1 + RECENT])
+            .flat_map(|s| [s; 1 + LOOK as usize])
             .collect();
         assert_eq!(
             first, want,
@@ -312,7 +314,7 @@ mod tests {
         let mut order = [CmaSplit, Ring, Cma];
         t.rank(1, LEN, &mut order);
         assert_eq!(order[0], Ring);
-        // Those alone are timed: three ring transfers of a millisecond make it slower
+        // Those alone are timed: enough ring transfers of a millisecond make it slower
         // than cma-split's 22 µs.
         for _ in 0..RECENT {
             let mut order = [CmaSplit, Ring, Cma];
