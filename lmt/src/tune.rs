@@ -152,12 +152,10 @@ impl Tuner {
                 x.at = choices;
             }
             None => {
-                // Fastest first; one not yet timed where the policy put it.
-                let figure = |s: Strategy| b.get(s).and_then(|x| x.figure);
-                order.sort_by(|&a, &c| match (figure(a), figure(c)) {
-                    (Some(x), Some(y)) => x.total_cmp(&y),
-                    _ => std::cmp::Ordering::Equal,
-                });
+                // Fastest first, and one never timed (each of its transfers overlapped
+                // another) last, until its next look; ties keep the policy's order.
+                let figure = |s: Strategy| b.get(s).and_then(|x| x.figure).unwrap_or(f64::INFINITY);
+                order.sort_by(|&a, &c| figure(a).total_cmp(&figure(c)));
             }
         }
     }
@@ -327,6 +325,28 @@ mod tests {
         let mut order = [CmaSplit, Ring, Cma];
         t.rank(1, LEN, &mut order);
         assert_eq!(order[0], CmaSplit);
+    }
+
+    #[test]
+    fn a_strategy_never_timed_goes_after_those_timed_until_its_next_look() {
+        let mut t = Tuner::default();
+        // Cma-split and the ring are tried and timed; cma's transfers all overlap others.
+        for _ in 0..8 {
+            choose(&mut t, near);
+        }
+        for _ in 0..4 {
+            let mut order = [CmaSplit, Ring, Cma];
+            t.rank(1, LEN, &mut order);
+            assert_eq!(order[0], Cma);
+        }
+        for _ in 0..LOOK_EVERY - 1 {
+            let mut order = [Cma, CmaSplit, Ring];
+            t.rank(1, LEN, &mut order);
+            assert_eq!(order, [Ring, CmaSplit, Cma]);
+        }
+        let mut order = [CmaSplit, Ring, Cma];
+        t.rank(1, LEN, &mut order);
+        assert_eq!(order[0], Cma, "looked at again");
     }
 
     #[test]
