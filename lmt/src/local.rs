@@ -410,7 +410,9 @@ impl LocalLmt {
                 x.split = state;
             }
             Strategy::Ring => {
-                cts_cookie.extend_from_slice(file_name(&self.prefix, "ring", peer, self.me).as_bytes());
+                // Made by `choose`'s claim, under the one name `peer_file` accepts.
+                let name = self.ring_in.get(&peer).map_or("", |c| c.end.name());
+                cts_cookie.extend_from_slice(name.as_bytes());
             }
             Strategy::Vmsplice => {
                 let name = self.pipe_in.get(&peer).map(|c| c.end.name()).unwrap_or_default();

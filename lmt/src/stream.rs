@@ -10,6 +10,9 @@ use std::path::Path;
 pub(crate) struct RingEnd {
     file: RingFile,
     place: Place,
+    /// The file's name, which each CTS for the ring carries: kept rather than made for
+    /// every transfer, whose handshake runs with caches the last copy emptied.
+    name: Box<str>,
 }
 
 impl RingEnd {
@@ -18,7 +21,13 @@ impl RingEnd {
         Ok(Self {
             file: RingFile::create(dir, name, geo)?,
             place: Place::default(),
+            name: name.into(),
         })
+    }
+
+    /// The file's name (as made; the sender removes it once mapped).
+    pub(crate) fn name(&self) -> &str {
+        &self.name
     }
 
     /// The sender's end: maps `dir/name` and removes the name.
@@ -31,6 +40,7 @@ impl RingEnd {
         Ok(Self {
             file,
             place: Place::default(),
+            name: name.into(),
         })
     }
 
