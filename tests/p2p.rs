@@ -247,8 +247,9 @@ fn child_dead_peer() {
         timed("irecv", &mut || {
             w.scope(|s| s.wait(s.irecv(&c, 1, 5, &mut buf)?).map(|_| ()))
         })?;
-        // Above the medium limit: a rendezvous, which waits for its receiver.
-        let big = vec![1u8; 1 << 20];
+        // Above the medium limit and any pair buffer: a rendezvous, which waits for its
+        // receiver.
+        let big = vec![1u8; (1 << 20) + 4096];
         timed("rendezvous send", &mut || w.send(&c, 1, 0, &big))?;
         timed("barrier", &mut || w.barrier(&c))?;
         timed("allreduce", &mut || w.allreduce(&c, &mut [1u32], Op::Sum))?;
@@ -480,9 +481,16 @@ fn stress_through_every_large_message_strategy() {
         assert!(sent("rendezvous") > 0, "{lmt}\n{}", text(&o));
         match lmt {
             // Every path of the default: the pair buffer, for answers that one packet
-            // would carry too, runs of packets, and the rendezvous of a stream.
+            // would carry too and answers above the medium limit, runs of packets, and
+            // the rendezvous of a stream.
             "medium" => {
-                for what in ["paired", "paired_short", "medium_packets", "stream_rendezvous"] {
+                for what in [
+                    "paired",
+                    "paired_short",
+                    "paired_long",
+                    "medium_packets",
+                    "stream_rendezvous",
+                ] {
                     assert!(sent(what) > 0, "no {what}\n{}", text(&o));
                 }
             }

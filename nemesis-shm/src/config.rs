@@ -27,12 +27,21 @@ pub const FBOX_BUDGET: usize = 64 << 20;
 /// Most fastboxes per ordered pair.
 pub const MAX_FBOX_SLOTS: u32 = 1024;
 /// Bytes of the buffer each pair of processes shares for medium messages when
-/// `NEMESIS_PAIR_SIZE` is unset, unless [`PAIR_BUDGET`] asks for less: the default
-/// medium limit, so every medium message can take it.
-pub const DEFAULT_PAIR_SIZE: u32 = 128 << 10;
+/// `NEMESIS_PAIR_SIZE` is unset, unless [`LARGE_PAIR_BUDGET`] or [`PAIR_BUDGET`] asks for
+/// less: the largest, as
+/// an answer up to its size goes through it without a handshake, where a 256 KiB
+/// ping-pong took 9.5–13.7 µs one way against 17.5–20.2 by rendezvous near, and 22–24
+/// against 43–46 far, on a 2-vCPU AMD EPYC guest (BENCHMARKS.md).
+pub const DEFAULT_PAIR_SIZE: u32 = MAX_PAIR_SIZE;
 /// Most bytes the default pair buffers may take in one segment; with more processes the
 /// default halves until they fit, and the buffers go when even the smallest would not.
 pub const PAIR_BUDGET: usize = 32 << 20;
+/// Most bytes default pair buffers larger than [`LARGE_PAIR_FROM`] may take: so that they
+/// grow a segment by at most this over buffers of that size, and a job that fitted a
+/// small `/dev/shm` still does.
+pub const LARGE_PAIR_BUDGET: usize = 8 << 20;
+/// The largest default pair buffer that [`PAIR_BUDGET`] alone bounds.
+pub const LARGE_PAIR_FROM: u32 = 128 << 10;
 /// Smallest pair buffer: two pieces, so that one message can take more than a packet.
 pub const MIN_PAIR_SIZE: u32 = 2 * crate::pairbuf::PIECE as u32;
 /// Largest pair buffer, the largest medium message.
@@ -180,8 +189,15 @@ impl Geometry {
         if self.pair_size == PAIR_AUTO {
             let n = nprocs as usize;
             let pairs = n * n.saturating_sub(1) / 2;
+            let budget = |size| {
+                if size > LARGE_PAIR_FROM {
+                    LARGE_PAIR_BUDGET
+                } else {
+                    PAIR_BUDGET
+                }
+            };
             let mut size = DEFAULT_PAIR_SIZE;
-            while size >= MIN_PAIR_SIZE && pairs.saturating_mul(Self::pair_stride_of(size)) > PAIR_BUDGET {
+            while size >= MIN_PAIR_SIZE && pairs.saturating_mul(Self::pair_stride_of(size)) > budget(size) {
                 size /= 2;
             }
             self.pair_size = if size >= MIN_PAIR_SIZE { size } else { 0 };
@@ -360,6 +376,12 @@ mod tests {
         assert_eq!(d.pair_size, PAIR_AUTO);
         assert_eq!(d.resolve(2).pair_size, DEFAULT_PAIR_SIZE);
         assert_eq!(d.resolve(2).pair_stride(), 128 + DEFAULT_PAIR_SIZE as usize);
+        // Halved until every pair's buffer fits the budget.
+        let by_count = [(4, 1 << 20), (5, 512 << 10), (6, 512 << 10), (7, 256 << 10)];
+        let more = [(8, 256 << 10), (9, 128 << 10), (23, 128 << 10), (24, 64 << 10)];
+        for (n, size) in by_count.into_iter().chain(more) {
+            assert_eq!(d.resolve(n).pair_size, size, "{n} processes");
+        }
         let off = Geometry::from_lookup(env(&[("NEMESIS_PAIR_SIZE", "0")])).unwrap();
         assert_eq!((off.resolve(2).pair_size, off.pair_stride()), (0, 0));
         let set = Geometry::from_lookup(env(&[("NEMESIS_PAIR_SIZE", "1M")])).unwrap();

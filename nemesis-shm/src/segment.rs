@@ -1290,7 +1290,7 @@ mod tests {
                 + 64 * 64 * crate::config::DEFAULT_CELL_SIZE as usize
         );
         assert_eq!(Geometry::default().resolve(64).pair_size, 16 << 10);
-        assert_eq!(Geometry::default().resolve(2).pair_size, 128 << 10);
+        assert_eq!(Geometry::default().resolve(2).pair_size, 1 << 20);
         assert_eq!(
             Geometry::default().resolve(100).pair_size,
             0,

@@ -346,6 +346,9 @@ pub struct SendCounts {
     /// Of those, messages one packet would have carried: answers above the pair eager
     /// limit.
     pub paired_short: u64,
+    /// Of those, answers above the medium limit, which would otherwise have gone by
+    /// rendezvous.
+    pub paired_long: u64,
     /// Medium messages as a run of packets.
     pub medium_packets: u64,
     /// By rendezvous (a handshake, then a large-message strategy).

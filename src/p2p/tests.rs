@@ -1914,3 +1914,67 @@ fn a_stream_one_way_takes_the_pair_buffer_once_and_an_answer_takes_it_again() {
         }
     });
 }
+
+#[test]
+fn an_answer_above_the_medium_limit_that_fits_the_pair_buffer_goes_through_it() {
+    const LEN: usize = 300_000;
+    for pair_size in [nemesis_shm::config::PAIR_AUTO, 0] {
+        let geo = Geometry {
+            pair_size,
+            ..Geometry::default()
+        };
+        let counts = job_with(
+            2,
+            geo,
+            |_| {},
+            move |mut w| {
+                assert!(LEN > w.config().medium_limit);
+                let c = w.comm();
+                let (me, peer) = (w.rank(), 1 - w.rank());
+                let mut buf = vec![0u8; (1 << 20) + 1];
+                let mut ack = [0u8; 1];
+                // A ping-pong: each message answers the one before.
+                for k in 0..4u32 {
+                    if k % 2 == me {
+                        w.send(&c, peer, 1, &pattern(k, LEN)).unwrap();
+                    } else {
+                        assert_eq!(w.recv(&c, peer, 1, &mut buf).unwrap().len, LEN);
+                        assert!(buf[..LEN] == pattern(k, LEN)[..], "message {k}");
+                    }
+                }
+                // A stream one way, each acknowledged: only its first answers.
+                for k in 10..13u32 {
+                    if me == 0 {
+                        w.send(&c, 1, 2, &pattern(k, LEN)).unwrap();
+                        w.recv(&c, 1, 9, &mut ack).unwrap();
+                    } else {
+                        assert_eq!(w.recv(&c, 0, 2, &mut buf).unwrap().len, LEN);
+                        assert!(buf[..LEN] == pattern(k, LEN)[..], "message {k}");
+                        w.send(&c, 0, 9, &[1]).unwrap();
+                    }
+                }
+                // An answer longer than the buffer.
+                let big = (1 << 20) + 1;
+                if me == 1 {
+                    w.send(&c, 0, 3, &pattern(20, big)).unwrap();
+                } else {
+                    assert_eq!(w.recv(&c, 1, 3, &mut buf).unwrap().len, big);
+                    assert!(buf == pattern(20, big));
+                }
+                let n = w.send_counts();
+                (n.paired, n.rendezvous)
+            },
+        );
+        if pair_size == 0 {
+            assert_eq!(
+                counts,
+                vec![(0, 5), (0, 3)],
+                "no buffers: every one by rendezvous"
+            );
+        } else {
+            // Rank 0: two of the ping-pong and the stream's first through the buffer, the
+            // stream's others by rendezvous; rank 1: two, and the long answer.
+            assert_eq!(counts, vec![(3, 2), (2, 1)]);
+        }
+    }
+}

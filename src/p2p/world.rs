@@ -675,6 +675,12 @@ impl<C: Channel> World<C> {
                 return Ok(None);
             }
         }
+        // Longer, an answer that fits the pair buffer still goes through it: without a
+        // handshake, its bytes written into the lines the request came in on and read
+        // out behind the writer, where a rendezvous pays a round trip first.
+        if len > self.cfg.medium_limit && local && self.send_paired(d, ctx, tag, &bufs, len)? {
+            return Ok(None);
+        }
         let mut rts = wire::rts_head(len);
         let nemesis_lmt::Offer {
             strategies: mut offered,
@@ -771,6 +777,7 @@ impl<C: Channel> World<C> {
         unsafe { pb.fill(bufs.segs(), len) };
         self.sent.paired += 1;
         self.sent.paired_short += u64::from(len <= self.cfg.eager_limit);
+        self.sent.paired_long += u64::from(len > self.cfg.medium_limit);
         Ok(true)
     }
 

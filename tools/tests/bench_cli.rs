@@ -207,7 +207,7 @@ fn stream_ring_and_memory_json() {
             "pair_buffer_bytes",
         ],
     );
-    assert!(mem[0].contains("\"pair_buffer_bytes\":131072"), "{}", mem[0]);
+    assert!(mem[0].contains("\"pair_buffer_bytes\":1048576"), "{}", mem[0]);
     assert!(mem[1].contains("\"pair_buffer_bytes\":16384"), "{}", mem[1]);
     for l in &mem[2..] {
         assert!(l.contains("\"transport\":\"udp\""), "{l}");
