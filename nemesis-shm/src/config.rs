@@ -30,7 +30,7 @@ pub const MAX_FBOX_SLOTS: u32 = 1024;
 /// `NEMESIS_PAIR_SIZE` is unset, unless [`LARGE_PAIR_BUDGET`] or [`PAIR_BUDGET`] asks for
 /// less: the largest, as
 /// an answer up to its size goes through it without a handshake, where a 256 KiB
-/// ping-pong took 9.5–13.7 µs one way against 17.5–20.2 by rendezvous near, and 22–24
+/// ping-pong took 9.2–11.1 µs one way against 13.3–16.4 by rendezvous near, and 22–24
 /// against 43–46 far, on a 2-vCPU AMD EPYC guest (BENCHMARKS.md).
 pub const DEFAULT_PAIR_SIZE: u32 = MAX_PAIR_SIZE;
 /// Most bytes the default pair buffers may take in one segment; with more processes the
