@@ -1,12 +1,13 @@
 //! The tcp netmod's decoders must never panic on what a connection sends: a stream of
 //! frames is decoded the way a connection reads it, and the handshake messages alone.
-//! A frame that decodes must lie inside the buffer and encode back to its header.
+//! A frame that decodes must lie inside the buffer, its padding within bounds, and encode
+//! back to its header.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use nemesis_net::tcp::{
-    FRAME_HEADER_LEN, Frame, decode_challenge, decode_frame, decode_hello, decode_reply,
-    encode_frame_header,
+    FRAME_ALIGN, FRAME_HEADER_LEN, Frame, decode_challenge, decode_frame, decode_header, decode_hello,
+    decode_reply, encode_frame_header,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -27,10 +28,12 @@ fuzz_target!(|data: &[u8]| {
                 payload,
                 len_total,
             } => {
-                assert!(len_total <= rest.len() && payload.end == len_total);
-                assert_eq!(payload.start, FRAME_HEADER_LEN);
+                let head = decode_header(rest, max_payload).unwrap().unwrap();
+                assert!(len_total <= rest.len() && len_total == head.total());
+                assert_eq!(payload, head.payload_at()..head.payload_at() + head.len);
+                assert!(head.lead < FRAME_ALIGN && head.trail < FRAME_ALIGN);
                 assert!(payload.len() <= max_payload);
-                let header = encode_frame_header(kind, &env, payload.len() as u32);
+                let header = encode_frame_header(kind, &env, payload.len() as u32, head.lead, head.trail);
                 assert_eq!(&rest[..FRAME_HEADER_LEN], &header[..]);
                 rest = &rest[len_total..];
             }

@@ -2,11 +2,12 @@
 //! queue of bytes owed to its peer.
 
 use super::frame::{
-    FRAME_HEADER_LEN, Frame, FrameKind, decode_frame, decode_header, describe_bad_frame, u32_at,
+    FRAME_ALIGN, FRAME_HEADER_LEN, Frame, FrameHead, FrameKind, decode_frame, decode_header,
+    describe_bad_frame,
 };
 use super::handshake::{Challenge, Hello};
 use super::{INITIAL_INPUT, READ_BUDGET};
-use crate::{DropReason, Envelope, Land, Sink};
+use crate::{DropReason, Land, Sink};
 use std::collections::VecDeque;
 use std::io::{self, IoSliceMut, Read};
 use std::net::{SocketAddr, TcpStream};
@@ -41,8 +42,11 @@ impl OutQueue {
 
     /// Appends `head` and `rest` but their first `skip` bytes, the end of one packet when
     /// `packet`.
-    pub(super) fn push(&mut self, head: &[u8], rest: &[&[u8]], mut skip: usize, packet: bool) {
-        for part in std::iter::once(head).chain(rest.iter().copied()) {
+    pub(super) fn push(&mut self, head: &[u8], rest: &[&[u8]], tail: &[u8], mut skip: usize, packet: bool) {
+        for part in std::iter::once(head)
+            .chain(rest.iter().copied())
+            .chain(std::iter::once(tail))
+        {
             if let Some(tail) = part.get(skip..) {
                 self.buf.extend_from_slice(tail);
                 self.appended += tail.len() as u64;
@@ -127,6 +131,8 @@ pub(super) struct Conn {
     pub(super) broken: bool,
     /// The last packet read was long enough to land: so may the next be.
     pub(super) long_last: bool,
+    /// Padding that ends the last frame landed, still to be read and dropped.
+    pub(super) skip: usize,
 }
 
 impl Conn {
@@ -145,6 +151,13 @@ impl Conn {
         let n = (&self.stream).read(&mut room[..want])?;
         self.end += n;
         Ok((n, n == want))
+    }
+
+    /// The index in the input buffer at whose address a byte that lies `phase` bytes
+    /// past a multiple of [`FRAME_ALIGN`] in the sender's frames lies as far past one:
+    /// reads there copy at the kernel's full speed (see `frame.rs`).
+    pub(super) fn aligned_at(&self, phase: usize) -> usize {
+        phase.wrapping_sub(self.input.as_ptr() as usize) % FRAME_ALIGN
     }
 }
 
@@ -180,20 +193,27 @@ pub(super) fn read_frames(
     let mut drained = false;
     loop {
         loop {
+            if c.skip > 0 {
+                let n = c.skip.min(c.end - c.start);
+                c.start += n;
+                c.skip -= n;
+                if c.skip > 0 {
+                    break;
+                }
+            }
             let avail = c.input.get(c.start..c.end).unwrap_or(&[]);
             match decode_frame(avail, max_payload) {
                 Frame::NeedMore => {
-                    let Some((env, len)) = lands.then(|| arriving_packet(avail, max_payload)).flatten()
-                    else {
+                    let Some(head) = lands.then(|| arriving_packet(avail, max_payload)).flatten() else {
                         break;
                     };
                     c.long_last = true;
                     let mut land = ConnLand {
                         c: &mut *c,
-                        len,
+                        head,
                         failed: None,
                     };
-                    if sink.arriving(rank, &env, len, &mut land) {
+                    if sink.arriving(rank, &head.env, head.len, &mut land) {
                         handed.packets += 1;
                         handed.landed += 1;
                         continue;
@@ -210,7 +230,7 @@ pub(super) fn read_frames(
                     len_total,
                 } => {
                     c.start += len_total;
-                    c.long_last = len_total - FRAME_HEADER_LEN > LAND_MIN;
+                    c.long_last = payload.len() > LAND_MIN;
                     if kind == FrameKind::Goodbye {
                         return (Inbound::Goodbye, handed);
                     }
@@ -220,22 +240,26 @@ pub(super) fn read_frames(
                 Frame::Bad(r) => return (Inbound::Bad(r, describe_bad_frame(avail, max_payload)), handed),
             }
         }
+        // What is left begins a frame, or is the padding that ends one: its place in the
+        // frame, modulo FRAME_ALIGN, is where the kernel holds it within its page.
+        let phase = (FRAME_ALIGN - c.skip % FRAME_ALIGN) % FRAME_ALIGN;
         if c.start == c.end {
-            c.start = 0;
-            c.end = 0;
+            c.start = c.aligned_at(phase);
+            c.end = c.start;
         }
         // Room for the whole of the frame that has begun, from the front of the buffer.
-        let need = match u32_at(c.input.get(c.start..c.end).unwrap_or(&[]), 0) {
-            Some(len) => FRAME_HEADER_LEN + len as usize,
-            None => FRAME_HEADER_LEN,
+        let need = match decode_header(c.input.get(c.start..c.end).unwrap_or(&[]), max_payload) {
+            Ok(Some(h)) => h.total(),
+            _ => FRAME_HEADER_LEN,
         };
         if c.input.len() - c.start < need || c.end == c.input.len() {
-            c.input.copy_within(c.start..c.end, 0);
-            c.end -= c.start;
-            c.start = 0;
-            if c.input.len() < need {
-                c.input.resize(need, 0);
+            if c.input.len() < need + FRAME_ALIGN {
+                c.input.resize(need + FRAME_ALIGN, 0);
             }
+            let to = c.aligned_at(phase);
+            c.input.copy_within(c.start..c.end, to);
+            c.end = to + (c.end - c.start);
+            c.start = to;
         }
         if budget == 0 || drained {
             return (Inbound::Drained, handed);
@@ -252,7 +276,7 @@ pub(super) fn read_frames(
             Ok((0, _)) => {
                 return (
                     Inbound::Eof {
-                        partial: c.end > c.start,
+                        partial: c.end > c.start || c.skip > 0,
                     },
                     handed,
                 );
@@ -289,12 +313,16 @@ const LAND_FIRST: usize = 4 << 10;
 /// gives up, leaving the packet to come the usual way.
 const LAND_PATIENCE: Duration = Duration::from_micros(200);
 
-/// The envelope and payload length of the packet whose header begins `avail` but whose
-/// payload has not all come, if it is long enough to land.
-fn arriving_packet(avail: &[u8], max_payload: usize) -> Option<(Envelope, usize)> {
+/// The header of the packet that begins `avail`, whose padding before the payload has
+/// come but not all of the payload, if it is long enough to land.
+fn arriving_packet(avail: &[u8], max_payload: usize) -> Option<FrameHead> {
     match decode_header(avail, max_payload) {
-        Ok(Some((FrameKind::Packet, env, len))) if len > LAND_MIN && avail.len() < FRAME_HEADER_LEN + len => {
-            Some((env, len))
+        Ok(Some(h))
+            if h.kind == FrameKind::Packet
+                && h.len > LAND_MIN
+                && (h.payload_at()..h.payload_at() + h.len).contains(&avail.len()) =>
+        {
+            Some(h)
         }
         _ => None,
     }
@@ -303,38 +331,44 @@ fn arriving_packet(avail: &[u8], max_payload: usize) -> Option<(Envelope, usize)
 /// The rest of the frame at the front of a connection's input, for a [`Sink`].
 struct ConnLand<'c> {
     c: &'c mut Conn,
-    len: usize,
+    head: FrameHead,
     /// How the connection failed while landing.
     failed: Option<Inbound>,
 }
 
 impl Land for ConnLand<'_> {
     fn land(&mut self, buf: &mut [u8]) -> bool {
-        if buf.len() != self.len || self.failed.is_some() {
+        let len = self.head.len;
+        if buf.len() != len || self.failed.is_some() {
             return false;
         }
         let c = &mut *self.c;
-        let at = c.start + FRAME_HEADER_LEN;
+        let at = c.start + self.head.payload_at();
         let had = c.end - at;
         buf[..had].copy_from_slice(&c.input[at..c.end]);
         let mut got = had;
         // What the reads bring past the packet goes behind it in the input buffer, at most
         // a header's worth and a little: a stream of long packets then costs a read each,
         // and the next one's payload still lands.
-        let spare = (c.input.len() - c.end).min(LAND_FIRST);
+        // They go where their place in the frame puts them, as `read_frames` keeps them.
+        let behind_at =
+            Some(c.end + c.aligned_at(self.head.payload_at() + len).wrapping_sub(c.end) % FRAME_ALIGN)
+                .filter(|&at| at <= c.input.len())
+                .unwrap_or(c.end);
+        let spare = c.input.len().saturating_sub(behind_at).min(LAND_FIRST);
         let mut past = 0;
         let mut last = Instant::now();
         let mut tries = 0u32;
-        while got < self.len {
-            let (rest, behind) = (&mut buf[got..], &mut c.input[c.end..c.end + spare]);
+        while got < len {
+            let (rest, behind) = (&mut buf[got..], &mut c.input[behind_at..behind_at + spare]);
             match (&c.stream).read_vectored(&mut [IoSliceMut::new(rest), IoSliceMut::new(behind)]) {
                 Ok(0) => {
                     self.failed = Some(Inbound::Eof { partial: true });
                     break;
                 }
                 Ok(n) => {
-                    past = n.saturating_sub(self.len - got);
-                    got = (got + n).min(self.len);
+                    past = n.saturating_sub(len - got);
+                    got = (got + n).min(len);
                     tries = 0;
                     last = Instant::now();
                 }
@@ -352,9 +386,10 @@ impl Land for ConnLand<'_> {
                 }
             }
         }
-        if got == self.len {
-            c.start = c.end;
-            c.end += past;
+        if got == len {
+            c.start = behind_at;
+            c.end = behind_at + past;
+            c.skip = self.head.trail;
             return true;
         }
         // Not all of it came: what did is kept for the usual way, behind what was there.

@@ -1,11 +1,30 @@
 //! Frames: what an established connection carries, a 24-byte header (payload length
-//! u32, kind u32, envelope 2 × u64) and the payload.
+//! u32, kind and padding u32, envelope 2 × u64), up to 63 bytes of padding, the payload,
+//! and up to 63 bytes of padding again.
+//!
+//! The padding is for the kernel's copies. On some CPUs (AMD Zen 3 among them) the
+//! `rep movsb` that copies between user memory and a socket's buffers runs at a
+//! twentieth of its speed when the destination lies 1 to 31 bytes past the source,
+//! modulo a page: measured here, 64 KiB in 30 µs instead of 1.5. The kernel fills a
+//! socket's pages from their start, one frame after another, so a frame whose length
+//! is a multiple of [`FRAME_ALIGN`] starts on such a boundary, and padding before the
+//! payload puts it at the same place within 64 bytes as the sender's buffer: the
+//! sender's copy then never meets the slow case, nor the receiver's when its buffer
+//! shares the sender's alignment.
 
 use crate::{DropReason, Envelope};
 use std::ops::Range;
 
 /// Bytes in a frame header.
 pub const FRAME_HEADER_LEN: usize = 24;
+
+/// Every frame but a goodbye takes a multiple of this many bytes, and the padding
+/// before its payload is less than it.
+pub const FRAME_ALIGN: usize = 64;
+
+/// Payloads from this long on are placed by [`frame_pads`]; shorter ones follow the
+/// header at once, where a slow copy costs little.
+pub const ALIGN_FROM: usize = 1024;
 
 /// What a frame carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,22 +48,72 @@ pub enum Frame {
         env: Envelope,
         /// Where the payload lies in the buffer.
         payload: Range<usize>,
-        /// Bytes the frame takes, header included.
+        /// Bytes the frame takes, header and padding included.
         len_total: usize,
     },
     /// A header no sender of ours writes: the stream cannot be trusted any more.
     Bad(DropReason),
 }
 
-/// A frame header for `len` payload bytes.
-pub fn encode_frame_header(kind: FrameKind, env: &Envelope, len: u32) -> [u8; FRAME_HEADER_LEN] {
+/// What a frame header says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameHead {
+    /// Packet or goodbye.
+    pub kind: FrameKind,
+    /// The envelope.
+    pub env: Envelope,
+    /// Payload bytes.
+    pub len: usize,
+    /// Padding between the header and the payload.
+    pub lead: usize,
+    /// Padding after the payload.
+    pub trail: usize,
+}
+
+impl FrameHead {
+    /// Where the payload starts, from the start of the frame.
+    pub fn payload_at(&self) -> usize {
+        FRAME_HEADER_LEN + self.lead
+    }
+
+    /// Bytes the whole frame takes.
+    pub fn total(&self) -> usize {
+        self.payload_at() + self.len + self.trail
+    }
+}
+
+/// The padding (before, after) for a frame of `len` payload bytes whose bulk lies at
+/// address `at` and begins `off` bytes into the payload: the bulk's place in the frame
+/// matches `at` modulo [`FRAME_ALIGN`] (from [`ALIGN_FROM`] bytes on), and the frame
+/// takes a multiple of it.
+pub fn frame_pads(at: usize, off: usize, len: usize) -> (usize, usize) {
+    let lead = if len >= ALIGN_FROM {
+        at.wrapping_sub(FRAME_HEADER_LEN + off) % FRAME_ALIGN
+    } else {
+        0
+    };
+    let trail = (FRAME_ALIGN - (FRAME_HEADER_LEN + lead + len) % FRAME_ALIGN) % FRAME_ALIGN;
+    (lead, trail)
+}
+
+/// A frame header for `len` payload bytes with `lead` and `trail` bytes of padding
+/// (each less than [`FRAME_ALIGN`]).
+pub fn encode_frame_header(
+    kind: FrameKind,
+    env: &Envelope,
+    len: u32,
+    lead: usize,
+    trail: usize,
+) -> [u8; FRAME_HEADER_LEN] {
+    debug_assert!(lead < FRAME_ALIGN && trail < FRAME_ALIGN);
     let kind: u32 = match kind {
         FrameKind::Packet => 0,
         FrameKind::Goodbye => 1,
     };
+    let word = kind | (lead as u32 & 0xff) << 8 | (trail as u32 & 0xff) << 16;
     let mut b = [0u8; FRAME_HEADER_LEN];
     b[..4].copy_from_slice(&len.to_le_bytes());
-    b[4..8].copy_from_slice(&kind.to_le_bytes());
+    b[4..8].copy_from_slice(&word.to_le_bytes());
     b[8..16].copy_from_slice(&env[0].to_le_bytes());
     b[16..24].copy_from_slice(&env[1].to_le_bytes());
     b
@@ -52,47 +121,55 @@ pub fn encode_frame_header(kind: FrameKind, env: &Envelope, len: u32) -> [u8; FR
 
 /// The frame at the start of `buf`, whose payload may be at most `max_payload` bytes.
 pub fn decode_frame(buf: &[u8], max_payload: usize) -> Frame {
-    let (kind, env, len) = match decode_header(buf, max_payload) {
+    let h = match decode_header(buf, max_payload) {
         Ok(Some(h)) => h,
         Ok(None) => return Frame::NeedMore,
         Err(r) => return Frame::Bad(r),
     };
-    let len_total = FRAME_HEADER_LEN + len;
+    let len_total = h.total();
     if buf.len() < len_total {
         return Frame::NeedMore;
     }
     Frame::Packet {
-        kind,
-        env,
-        payload: FRAME_HEADER_LEN..len_total,
+        kind: h.kind,
+        env: h.env,
+        payload: h.payload_at()..h.payload_at() + h.len,
         len_total,
     }
 }
 
-/// The kind, envelope and payload length the frame header at the start of `buf` says,
-/// once it is all there: `None` before.
+/// What the frame header at the start of `buf` says, once it is all there: `None`
+/// before.
 ///
 /// # Errors
 /// A header no sender of ours writes.
-pub fn decode_header(
-    buf: &[u8],
-    max_payload: usize,
-) -> Result<Option<(FrameKind, Envelope, usize)>, DropReason> {
-    let (Some(len), Some(kind), Some(e0), Some(e1)) =
+pub fn decode_header(buf: &[u8], max_payload: usize) -> Result<Option<FrameHead>, DropReason> {
+    let (Some(len), Some(word), Some(e0), Some(e1)) =
         (u32_at(buf, 0), u32_at(buf, 4), u64_at(buf, 8), u64_at(buf, 16))
     else {
         return Ok(None);
     };
     let len = len as usize;
-    if len > max_payload || len > usize::MAX - FRAME_HEADER_LEN {
+    // max_payload is bounded far below usize::MAX, so the total cannot overflow.
+    if len > max_payload || len > usize::MAX / 2 {
         return Err(DropReason::Oversized);
     }
-    let kind = match kind {
+    let (lead, trail) = ((word >> 8 & 0xff) as usize, (word >> 16 & 0xff) as usize);
+    if word >> 24 != 0 || lead >= FRAME_ALIGN || trail >= FRAME_ALIGN {
+        return Err(DropReason::Malformed);
+    }
+    let kind = match word & 0xff {
         0 => FrameKind::Packet,
-        1 if len == 0 => FrameKind::Goodbye,
+        1 if len == 0 && lead == 0 && trail == 0 => FrameKind::Goodbye,
         _ => return Err(DropReason::Malformed),
     };
-    Ok(Some((kind, [e0, e1], len)))
+    Ok(Some(FrameHead {
+        kind,
+        env: [e0, e1],
+        len,
+        lead,
+        trail,
+    }))
 }
 
 /// What a bad frame header says, for logs and failure reasons.
@@ -101,7 +178,12 @@ pub(super) fn describe_bad_frame(buf: &[u8], max_payload: usize) -> String {
         (Some(len), Some(_)) if len as usize > max_payload => {
             format!("a frame of {len} bytes, above the maximum of {max_payload}")
         }
-        (Some(len), Some(kind)) => format!("a frame of kind {kind} with {len} bytes of payload"),
+        (Some(len), Some(word)) => format!(
+            "a frame of kind {} with {len} bytes of payload, padded by {} and {}",
+            word & 0xff,
+            word >> 8 & 0xff,
+            word >> 16
+        ),
         _ => "a frame too short to read".into(),
     }
 }
@@ -121,31 +203,78 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn frame(kind: FrameKind, env: Envelope, len: u32, payload: &[u8]) -> Vec<u8> {
-        let mut v = encode_frame_header(kind, &env, len).to_vec();
+    fn frame(
+        kind: FrameKind,
+        env: Envelope,
+        len: u32,
+        (lead, trail): (usize, usize),
+        payload: &[u8],
+    ) -> Vec<u8> {
+        let mut v = encode_frame_header(kind, &env, len, lead, trail).to_vec();
+        v.resize(v.len() + lead, 0xee);
         v.extend_from_slice(payload);
+        v.resize(v.len() + trail, 0xee);
         v
     }
 
     #[test]
     fn a_goodbye_carries_nothing() {
-        let goodbye_with_payload = frame(FrameKind::Goodbye, [0, 0], 1, &[0]);
+        let goodbye_with_payload = frame(FrameKind::Goodbye, [0, 0], 1, (0, 0), &[0]);
         assert_eq!(
             decode_frame(&goodbye_with_payload, 10),
             Frame::Bad(DropReason::Malformed)
         );
+        let padded_goodbye = frame(FrameKind::Goodbye, [0, 0], 0, (0, 8), &[]);
+        assert_eq!(
+            decode_frame(&padded_goodbye, 10),
+            Frame::Bad(DropReason::Malformed)
+        );
+    }
+
+    #[test]
+    fn padding_past_its_bounds_is_refused() {
+        let mut h = encode_frame_header(FrameKind::Packet, &[1, 2], 4, 0, 0);
+        for (word, ok) in [
+            (63 << 8, true),
+            (64 << 8, false),
+            (63 << 16, true),
+            (64 << 16, false),
+            (1 << 24, false),
+        ] {
+            h[4..8].copy_from_slice(&(word as u32).to_le_bytes());
+            assert_eq!(decode_header(&h, 10).is_ok(), ok, "kind word {word:#x}");
+        }
+    }
+
+    #[test]
+    fn pads_place_the_bulk_as_its_buffer_lies_and_round_the_frame() {
+        for at in 0..200usize {
+            for off in [0, 8, 100] {
+                for len in [0, 1, 100, ALIGN_FROM - 1, ALIGN_FROM, 65_536, 65_537] {
+                    let (lead, trail) = frame_pads(at, off, len);
+                    assert!(lead < FRAME_ALIGN && trail < FRAME_ALIGN);
+                    assert_eq!((FRAME_HEADER_LEN + lead + len + trail) % FRAME_ALIGN, 0);
+                    if len >= ALIGN_FROM {
+                        assert_eq!((FRAME_HEADER_LEN + lead + off) % FRAME_ALIGN, at % FRAME_ALIGN);
+                    } else {
+                        assert_eq!(lead, 0);
+                    }
+                }
+            }
+        }
     }
 
     proptest! {
         #[test]
-        fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..128), max in 0usize..64) {
+        fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256), max in 0usize..64) {
             let header = decode_header(&bytes, max);
             match decode_frame(&bytes, max) {
                 Frame::Packet { kind, env, payload, len_total } => {
-                    prop_assert_eq!(payload.start, FRAME_HEADER_LEN);
-                    prop_assert_eq!(payload.end, len_total);
+                    let h = header.unwrap().unwrap();
+                    prop_assert_eq!((h.kind, h.env, h.len), (kind, env, payload.len()));
+                    prop_assert_eq!(payload.start, h.payload_at());
+                    prop_assert_eq!(len_total, h.total());
                     prop_assert!(len_total <= bytes.len() && payload.len() <= max);
-                    prop_assert_eq!(header, Ok(Some((kind, env, payload.len()))));
                 }
                 Frame::Bad(r) => prop_assert_eq!(header, Err(r)),
                 Frame::NeedMore => prop_assert!(header.is_ok()),
@@ -157,10 +286,15 @@ mod tests {
             env in any::<[u64; 2]>(),
             payload in proptest::collection::vec(any::<u8>(), 0..300),
             goodbye in any::<bool>(),
+            pads in (0..FRAME_ALIGN, 0..FRAME_ALIGN),
             extra in proptest::collection::vec(any::<u8>(), 0..40),
         ) {
-            let (kind, payload) = if goodbye { (FrameKind::Goodbye, Vec::new()) } else { (FrameKind::Packet, payload) };
-            let mut buf = frame(kind, env, payload.len() as u32, &payload);
+            let (kind, payload, pads) = if goodbye {
+                (FrameKind::Goodbye, Vec::new(), (0, 0))
+            } else {
+                (FrameKind::Packet, payload, pads)
+            };
+            let mut buf = frame(kind, env, payload.len() as u32, pads, &payload);
             let whole = buf.len();
             buf.extend_from_slice(&extra);
             match decode_frame(&buf, 300) {
@@ -175,7 +309,8 @@ mod tests {
                 // The header alone says the frame once it is all there.
                 let header = decode_header(&buf[..cut], 300).unwrap();
                 if cut >= FRAME_HEADER_LEN {
-                    prop_assert_eq!(header, Some((kind, env, payload.len())));
+                    let h = header.unwrap();
+                    prop_assert_eq!((h.kind, h.env, h.len, (h.lead, h.trail)), (kind, env, payload.len(), pads));
                 } else {
                     prop_assert_eq!(header, None);
                 }

@@ -15,7 +15,7 @@ use crate::auth::{JobKey, NONCE_LEN, TAG_LEN};
 
 /// The first bytes of every handshake message: a connection that starts otherwise is
 /// not one of ours.
-pub const MAGIC: [u8; 8] = *b"NEMTCP02";
+pub const MAGIC: [u8; 8] = *b"NEMTCP03";
 /// Bytes in a [`Challenge`].
 pub const CHALLENGE_LEN: usize = 8 + NONCE_LEN;
 /// Bytes in a [`Hello`].

@@ -15,8 +15,10 @@
 //! their traffic. Nothing else is written on a connection before it is accepted.
 //!
 //! After the handshake both directions carry frames: a [`FRAME_HEADER_LEN`]-byte header
-//! (payload length u32, kind u32, envelope 2 × u64) and the payload. Kind 0 is a packet,
-//! kind 1 ([`FrameKind::Goodbye`], no payload) says the sender is leaving the job.
+//! (payload length u32, kind and padding u32, envelope 2 × u64), padding, the payload and
+//! padding again, so that the kernel's copies of a long payload keep its alignment (see
+//! `frame.rs`). Kind 0 is a packet, kind 1 ([`FrameKind::Goodbye`], no payload, no
+//! padding) says the sender is leaving the job.
 //!
 //! # Connections
 //!
@@ -40,7 +42,10 @@ mod sock;
 mod tests;
 
 use conn::{Conn, Inbound, OutQueue, State, read_frames};
-pub use frame::{FRAME_HEADER_LEN, Frame, FrameKind, decode_frame, encode_frame_header};
+pub use frame::{
+    ALIGN_FROM, FRAME_ALIGN, FRAME_HEADER_LEN, Frame, FrameHead, FrameKind, decode_frame, decode_header,
+    encode_frame_header, frame_pads,
+};
 pub use handshake::{
     CHALLENGE_LEN, Challenge, HELLO_LEN, Hello, MAGIC, REPLY_LEN, Reply, ReplyCode, decode_challenge,
     decode_hello, decode_reply,
@@ -79,6 +84,21 @@ const ACCEPTS_PER_POLL: usize = 8192;
 const EVENTS: usize = 64;
 /// Slices handed to one `sendmsg`: what does not fit is queued.
 const MAX_IOV: usize = 64;
+/// Zeros for the padding that ends a frame.
+static PADDING: [u8; FRAME_ALIGN] = [0; FRAME_ALIGN];
+
+/// Where the longest of `payload`'s slices lies, and how far into the payload it
+/// begins: the part whose copies the frame's padding aligns.
+fn bulk(payload: &[&[u8]]) -> (usize, usize) {
+    let (mut best, mut at, mut off, mut pos) = (0, 0, 0, 0);
+    for p in payload {
+        if p.len() > best {
+            (best, at, off) = (p.len(), p.as_ptr() as usize, pos);
+        }
+        pos += p.len();
+    }
+    (at, off)
+}
 /// Redialing backs off from this ...
 const MIN_BACKOFF: Duration = Duration::from_millis(10);
 /// ... to this.
@@ -306,6 +326,7 @@ impl TcpNetmod {
                 events,
                 broken: false,
                 long_last: false,
+                skip: 0,
             },
         );
         Ok(cid)
@@ -646,7 +667,7 @@ impl TcpNetmod {
 
     /// Writes `header` and `payload` to `rank`'s connection now if nothing is ahead of
     /// them; `None` when they must be queued.
-    fn write_now(&mut self, rank: u32, header: &[u8], payload: &[&[u8]]) -> Option<usize> {
+    fn write_now(&mut self, rank: u32, header: &[u8], payload: &[&[u8]], tail: &[u8]) -> Option<usize> {
         let p = self.peers.get(&rank)?;
         let cid = p.up.filter(|_| p.out.is_empty())?;
         let c = self
@@ -655,10 +676,11 @@ impl TcpNetmod {
             .filter(|c| c.hs_out.is_empty() && !c.broken)?;
         let mut iov = [IoSlice::new(&[]); MAX_IOV];
         let mut n = 0;
-        for (slot, part) in iov
-            .iter_mut()
-            .zip(std::iter::once(header).chain(payload.iter().copied()))
-        {
+        for (slot, part) in iov.iter_mut().zip(
+            std::iter::once(header)
+                .chain(payload.iter().copied())
+                .chain(std::iter::once(tail)),
+        ) {
             *slot = IoSlice::new(part);
             n += 1;
         }
@@ -689,7 +711,7 @@ impl TcpNetmod {
         }
         self.listener = None;
         let ids: Vec<u64> = self.conns.keys().copied().collect();
-        let goodbye = encode_frame_header(FrameKind::Goodbye, &[0, 0], 0);
+        let goodbye = encode_frame_header(FrameKind::Goodbye, &[0, 0], 0, 0, 0);
         for cid in ids {
             let Some(c) = self.conns.get(&cid) else {
                 continue;
@@ -789,11 +811,21 @@ impl Netmod for TcpNetmod {
             return Err(NetError::PeerFailed { rank: peer, reason });
         }
         // validate() bounds max_payload, hence len, by MAX_MAX_PAYLOAD.
-        let header = encode_frame_header(FrameKind::Packet, env, len as u32);
-        if let Some(written) = self.write_now(peer, &header, payload) {
-            if written < FRAME_HEADER_LEN + len {
+        let (at, off) = bulk(payload);
+        let (lead, trail) = frame_pads(at, off, len);
+        let mut head = [0u8; FRAME_HEADER_LEN + FRAME_ALIGN];
+        head[..FRAME_HEADER_LEN].copy_from_slice(&encode_frame_header(
+            FrameKind::Packet,
+            env,
+            len as u32,
+            lead,
+            trail,
+        ));
+        let (head, tail) = (&head[..FRAME_HEADER_LEN + lead], &PADDING[..trail]);
+        if let Some(written) = self.write_now(peer, head, payload, tail) {
+            if written < head.len() + len + trail {
                 let p = self.peer(peer);
-                p.out.push(&header, payload, written, true);
+                p.out.push(head, payload, tail, written, true);
                 let up = p.up;
                 self.backlog += 1;
                 if let Some(cid) = up {
@@ -814,7 +846,7 @@ impl Netmod for TcpNetmod {
                 return Err(NetError::PeerFailed { rank: peer, reason });
             }
         }
-        self.peer(peer).out.push(&header, payload, 0, true);
+        self.peer(peer).out.push(head, payload, tail, 0, true);
         self.backlog += 1;
         self.stats.packets_sent += 1;
         Ok(Accept::Sent)
