@@ -29,6 +29,8 @@ pub struct LocalLmt {
     /// Whether the kernel's copies meet the slow case of a destination just ahead of
     /// its source (`cma::skew_slows_kernel_copies`), measured once.
     kernel_skew_slow: bool,
+    /// Whether `kernel_skew_slow` was looked for: not while a strategy was forced.
+    skew_checked: bool,
     seg: Arc<Segment>,
     /// The segment index of each rank, or `u32::MAX` for a rank elsewhere.
     local_of: Vec<u32>,
@@ -142,13 +144,17 @@ impl LocalLmt {
     ) -> Result<Self, LmtError> {
         let cma_refused = cma::probe().err().map(|e| e.to_string());
         check_forced(policy, cma_refused.as_deref())?;
-        let kernel_skew_slow = cma_refused.is_none() && cma::skew_slows_kernel_copies();
+        // Only automatic selection asks (see `set_policy`): a forced strategy is taken
+        // either way.
+        let skew_checked = policy.force.is_none();
+        let kernel_skew_slow = skew_checked && cma_refused.is_none() && cma::skew_slows_kernel_copies();
         let pids = vec![0; local_of.len()];
         Ok(Self {
             me,
             policy,
             cma_refused,
             kernel_skew_slow,
+            skew_checked,
             seg,
             local_of,
             pids,
@@ -188,6 +194,10 @@ impl LocalLmt {
     /// A forced strategy that this system does not permit.
     pub fn set_policy(&mut self, policy: Policy) -> Result<(), LmtError> {
         check_forced(policy, self.cma_refused.as_deref())?;
+        if policy.force.is_none() && !self.skew_checked {
+            self.kernel_skew_slow = self.cma_refused.is_none() && cma::skew_slows_kernel_copies();
+            self.skew_checked = true;
+        }
         self.policy = policy;
         Ok(())
     }
@@ -215,7 +225,7 @@ impl LocalLmt {
     /// Whether this CPU's kernel copies were found many times slower with the
     /// destination a few bytes ahead of the source within a page; where they were,
     /// automatic selection takes only nemesis's own copies (the ring, else chunks) for
-    /// such a pair of buffers.
+    /// such a pair of buffers. Not looked for (false) where the policy forces a strategy.
     pub fn kernel_skew_slow(&self) -> bool {
         self.kernel_skew_slow
     }
@@ -223,6 +233,7 @@ impl LocalLmt {
     /// Overrides what [`LocalLmt::kernel_skew_slow`] found, for tests of selection.
     pub fn set_kernel_skew_slow(&mut self, slow: bool) {
         self.kernel_skew_slow = slow;
+        self.skew_checked = true;
     }
 
     /// Why CMA is not used here, or `None` if it is available.
@@ -764,6 +775,26 @@ mod tests {
         }
         // The sender removed the ring's name once it had mapped it.
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn the_kernel_copies_are_timed_only_for_automatic_selection() {
+        let dir = tmpdir("skew");
+        let seg = Arc::new(Segment::anonymous(2, Geometry::default()).unwrap());
+        let forced = Policy {
+            force: Some(Strategy::Ring),
+            ..Policy::default()
+        };
+        let mut lmt = LocalLmt::new(0, seg, vec![0, 1], dir, "nemesis-test-skew-".into(), forced).unwrap();
+        assert!(!lmt.skew_checked && !lmt.kernel_skew_slow());
+        lmt.set_policy(forced).unwrap();
+        assert!(!lmt.skew_checked);
+        // Automatic from now on: timed then.
+        lmt.set_policy(Policy::default()).unwrap();
+        assert!(lmt.skew_checked);
+        if lmt.cma_refused().is_some() {
+            assert!(!lmt.kernel_skew_slow());
+        }
     }
 
     #[test]

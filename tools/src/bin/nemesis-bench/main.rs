@@ -799,7 +799,7 @@ fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Result<()> {
             println!("# receiver: the window pre-posted into distinct buffers (--osu: one buffer)");
         }
         if a.recv_skew != 0 {
-            let slow = if pairs[0].kernel_skew_slow() {
+            let slow = if nemesis::lmt::cma::skew_slows_kernel_copies() {
                 "slow"
             } else {
                 "not slow"
