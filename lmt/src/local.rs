@@ -27,10 +27,9 @@ pub struct LocalLmt {
     /// Why CMA cannot be used here, if it cannot.
     cma_refused: Option<String>,
     /// Whether the kernel's copies meet the slow case of a destination just ahead of
-    /// its source (`cma::skew_slows_kernel_copies`), measured once.
-    kernel_skew_slow: bool,
-    /// Whether `kernel_skew_slow` was looked for: not while a strategy was forced.
-    skew_checked: bool,
+    /// its source (`cma::skew_slows_kernel_copies`), measured once; `None` until then,
+    /// as it is not measured while a strategy is forced.
+    kernel_skew_slow: Option<bool>,
     seg: Arc<Segment>,
     /// The segment index of each rank, or `u32::MAX` for a rank elsewhere.
     local_of: Vec<u32>,
@@ -144,17 +143,12 @@ impl LocalLmt {
     ) -> Result<Self, LmtError> {
         let cma_refused = cma::probe().err().map(|e| e.to_string());
         check_forced(policy, cma_refused.as_deref())?;
-        // Only automatic selection asks (see `set_policy`): a forced strategy is taken
-        // either way.
-        let skew_checked = policy.force.is_none();
-        let kernel_skew_slow = skew_checked && cma_refused.is_none() && cma::skew_slows_kernel_copies();
         let pids = vec![0; local_of.len()];
-        Ok(Self {
+        let mut lmt = Self {
             me,
             policy,
             cma_refused,
-            kernel_skew_slow,
-            skew_checked,
+            kernel_skew_slow: None,
             seg,
             local_of,
             pids,
@@ -169,7 +163,9 @@ impl LocalLmt {
             last_split: 0,
             split_slots: 0,
             tuner: Tuner::default(),
-        })
+        };
+        lmt.time_kernel_copies();
+        Ok(lmt)
     }
 
     /// Tells automatic selection that the node's processes outnumber its CPUs. It then
@@ -194,12 +190,17 @@ impl LocalLmt {
     /// A forced strategy that this system does not permit.
     pub fn set_policy(&mut self, policy: Policy) -> Result<(), LmtError> {
         check_forced(policy, self.cma_refused.as_deref())?;
-        if policy.force.is_none() && !self.skew_checked {
-            self.kernel_skew_slow = self.cma_refused.is_none() && cma::skew_slows_kernel_copies();
-            self.skew_checked = true;
-        }
         self.policy = policy;
+        self.time_kernel_copies();
         Ok(())
+    }
+
+    /// Times the kernel's copies once automatic selection, the only one that asks, is
+    /// in force: a forced strategy is taken either way.
+    fn time_kernel_copies(&mut self) {
+        if self.policy.force.is_none() && self.kernel_skew_slow.is_none() {
+            self.kernel_skew_slow = Some(self.cma_refused.is_none() && cma::skew_slows_kernel_copies());
+        }
     }
 
     /// The strategy automatic selection gives a message of `len` bytes to a local peer
@@ -227,13 +228,12 @@ impl LocalLmt {
     /// automatic selection takes only nemesis's own copies (the ring, else chunks) for
     /// such a pair of buffers. Not looked for (false) where the policy forces a strategy.
     pub fn kernel_skew_slow(&self) -> bool {
-        self.kernel_skew_slow
+        self.kernel_skew_slow == Some(true)
     }
 
     /// Overrides what [`LocalLmt::kernel_skew_slow`] found, for tests of selection.
     pub fn set_kernel_skew_slow(&mut self, slow: bool) {
-        self.kernel_skew_slow = slow;
-        self.skew_checked = true;
+        self.kernel_skew_slow = Some(slow);
     }
 
     /// Why CMA is not used here, or `None` if it is available.
@@ -472,7 +472,7 @@ impl Lmt for LocalLmt {
         }
         let mut order = self.preferred(len);
         if self.policy.force.is_none()
-            && self.kernel_skew_slow
+            && self.kernel_skew_slow()
             && cma::meets_slow_case(peer, rts_cookie, dst, len)
         {
             // Our own copies only: the ring, or chunks when it is busy (a window of
@@ -786,12 +786,12 @@ mod tests {
             ..Policy::default()
         };
         let mut lmt = LocalLmt::new(0, seg, vec![0, 1], dir, "nemesis-test-skew-".into(), forced).unwrap();
-        assert!(!lmt.skew_checked && !lmt.kernel_skew_slow());
+        assert!(lmt.kernel_skew_slow.is_none() && !lmt.kernel_skew_slow());
         lmt.set_policy(forced).unwrap();
-        assert!(!lmt.skew_checked);
+        assert!(lmt.kernel_skew_slow.is_none());
         // Automatic from now on: timed then.
         lmt.set_policy(Policy::default()).unwrap();
-        assert!(lmt.skew_checked);
+        assert!(lmt.kernel_skew_slow.is_some());
         if lmt.cma_refused().is_some() {
             assert!(!lmt.kernel_skew_slow());
         }

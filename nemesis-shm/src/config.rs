@@ -28,10 +28,9 @@ pub const FBOX_BUDGET: usize = 64 << 20;
 pub const MAX_FBOX_SLOTS: u32 = 1024;
 /// Bytes of the buffer each pair of processes shares for medium messages when
 /// `NEMESIS_PAIR_SIZE` is unset, unless [`LARGE_PAIR_BUDGET`] or [`PAIR_BUDGET`] asks for
-/// less: the largest, as
-/// an answer up to its size goes through it without a handshake, where a 256 KiB
-/// ping-pong took 9.2–11.1 µs one way against 13.3–16.4 by rendezvous near, and 22–24
-/// against 43–46 far, on a 2-vCPU AMD EPYC guest (BENCHMARKS.md).
+/// less: the largest, as an answer up to its size goes through it without a handshake,
+/// where a 256 KiB ping-pong took 9.2–11.1 µs one way against 13.3–16.4 by rendezvous
+/// near, and 22–24 against 43–46 far, on a 2-vCPU AMD EPYC guest (BENCHMARKS.md).
 pub const DEFAULT_PAIR_SIZE: u32 = MAX_PAIR_SIZE;
 /// Most bytes the default pair buffers may take in one segment; with more processes the
 /// default halves until they fit, and the buffers go when even the smallest would not.

@@ -153,11 +153,11 @@ impl Conn {
         Ok((n, n == want))
     }
 
-    /// The index in the input buffer at whose address a byte that lies `phase` bytes
-    /// past a multiple of [`FRAME_ALIGN`] in the sender's frames lies as far past one:
-    /// reads there copy at the kernel's full speed (see `frame.rs`).
-    pub(super) fn aligned_at(&self, phase: usize) -> usize {
-        phase.wrapping_sub(self.input.as_ptr() as usize) % FRAME_ALIGN
+    /// The first index from `from` in the input buffer at whose address a byte that lies
+    /// `phase` bytes past a multiple of [`FRAME_ALIGN`] in the sender's frames lies as far
+    /// past one: reads there copy at the kernel's full speed (see `frame.rs`).
+    pub(super) fn aligned_from(&self, from: usize, phase: usize) -> usize {
+        from + phase.wrapping_sub(self.input.as_ptr() as usize + from) % FRAME_ALIGN
     }
 }
 
@@ -244,7 +244,7 @@ pub(super) fn read_frames(
         // frame, modulo FRAME_ALIGN, is where the kernel holds it within its page.
         let phase = (FRAME_ALIGN - c.skip % FRAME_ALIGN) % FRAME_ALIGN;
         if c.start == c.end {
-            c.start = c.aligned_at(phase);
+            c.start = c.aligned_from(0, phase);
             c.end = c.start;
         }
         // Room for the whole of the frame that has begun, from the front of the buffer.
@@ -256,7 +256,7 @@ pub(super) fn read_frames(
             if c.input.len() < need + FRAME_ALIGN {
                 c.input.resize(need + FRAME_ALIGN, 0);
             }
-            let to = c.aligned_at(phase);
+            let to = c.aligned_from(0, phase);
             c.input.copy_within(c.start..c.end, to);
             c.end = to + (c.end - c.start);
             c.start = to;
@@ -351,10 +351,9 @@ impl Land for ConnLand<'_> {
         // a header's worth and a little: a stream of long packets then costs a read each,
         // and the next one's payload still lands.
         // They go where their place in the frame puts them, as `read_frames` keeps them.
-        let behind_at =
-            Some(c.end + c.aligned_at(self.head.payload_at() + len).wrapping_sub(c.end) % FRAME_ALIGN)
-                .filter(|&at| at <= c.input.len())
-                .unwrap_or(c.end);
+        let behind_at = Some(c.aligned_from(c.end, self.head.payload_at() + len))
+            .filter(|&at| at <= c.input.len())
+            .unwrap_or(c.end);
         let spare = c.input.len().saturating_sub(behind_at).min(LAND_FIRST);
         let mut past = 0;
         let mut last = Instant::now();
