@@ -273,6 +273,54 @@ fn network_transports_carry_their_name_and_the_plain_tcp_reference() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("given twice"));
 }
 
+/// Over a netmod the channel's packets may be longer than a shared-memory cell (8 KiB
+/// and a little), and the channel layer measures them; past the netmod's own largest
+/// packet it says so.
+#[test]
+fn the_channel_layer_over_a_netmod_takes_packets_longer_than_a_cell() {
+    let lat = json_lines(&[
+        "latency",
+        "--layer",
+        "channel",
+        "--transport",
+        "tcp,udp",
+        "--sizes",
+        "16K",
+        "--iters",
+        "50",
+        "--warmup",
+        "5",
+        "--rounds",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(lat.len(), 2);
+    for (l, t) in lat.iter().zip(["tcp", "udp"]) {
+        assert!(l.contains(&format!("\"transport\":\"{t}\"")), "{l}");
+        assert!(l.contains("\"size\":16384"), "{l}");
+        has(l, &["p50_ns"]);
+    }
+    let o = Command::new(BENCH)
+        .args([
+            "latency",
+            "--layer",
+            "channel",
+            "--transport",
+            "udp",
+            "--sizes",
+            "1M",
+            "--iters",
+            "5",
+            "--rounds",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("above the channel's largest packet ("), "{err}");
+}
+
 #[test]
 fn tables_without_json_and_help() {
     let o = Command::new(BENCH)

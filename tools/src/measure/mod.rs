@@ -482,7 +482,8 @@ impl Pair {
             pin_to(c0).map_err(|e| MeasureError::Other(format!("pinning to cpu {c0}: {e}")))?;
         }
         let clock = Clock::calibrate();
-        let max = ch.max_payload();
+        // Over a netmod a packet may be longer than a cell.
+        let max = ch.max_payload_to(1);
         Ok(Self {
             ch,
             transport,
@@ -606,10 +607,10 @@ impl Pair {
     /// `warmup + iters` ping-pongs of `size` bytes through the channel; pushes the
     /// round-trip time of each of the last `iters`, in ticks, onto `rtt`.
     pub fn ping_pong(&mut self, size: usize, iters: u64, warmup: u64, rtt: &mut Vec<u64>) -> Result<()> {
-        if size > self.ch.max_payload() {
+        let max = self.ch.max_payload_to(1);
+        if size > max {
             return Err(MeasureError::Other(format!(
-                "{size} bytes is above the channel's largest packet ({})",
-                self.ch.max_payload()
+                "{size} bytes is above the channel's largest packet ({max})"
             )));
         }
         self.command(OP_ECHO, [warmup + iters, 0, 0])?;
@@ -636,9 +637,10 @@ impl Pair {
     /// `iters` ping-pongs of `size` bytes, timed as a whole: for harnesses such as
     /// criterion that want the total.
     pub fn round_trips(&mut self, size: usize, iters: u64) -> Result<Duration> {
-        if size > self.ch.max_payload() {
+        let max = self.ch.max_payload_to(1);
+        if size > max {
             return Err(MeasureError::Other(format!(
-                "{size} bytes is above the channel's largest packet"
+                "{size} bytes is above the channel's largest packet ({max})"
             )));
         }
         self.command(OP_ECHO, [iters, 0, 0])?;
@@ -927,7 +929,7 @@ fn partner() -> Result<()> {
     }
     let mut ch = NemesisChannel::init()?;
     let probe_seg = probe_segment(&ch)?;
-    let mut buf = vec![0u8; ch.max_payload().max(24)];
+    let mut buf = vec![0u8; ch.max_payload_to(0).max(24)];
     let mut tcp: Option<TcpStream> = None;
     // Our parent's death kills us (parent-death signal); nothing else to watch.
     let mut alive = || Ok(());

@@ -1245,7 +1245,7 @@ fn latency(pairs: &mut [Pair], a: &LatencyArgs, json: bool) -> Result<()> {
                 pair.ping_pong_through(a.layer.layer(), size, a.iters, a.warmup, &mut lat[k])?;
                 // The channel carries one packet at most: above it there is nothing to
                 // set beside the two-sided figure.
-                if p2p && size <= pair.channel().max_payload() {
+                if p2p && size <= pair.channel().max_payload_to(1) {
                     pair.ping_pong(size, a.iters, a.warmup, &mut chan[k])?;
                 }
                 pair.floor(a.iters, a.warmup, &mut floor[k])?;
