@@ -36,7 +36,7 @@ pub mod rdma;
 mod regcache;
 mod routes;
 mod stream;
-mod tune;
+pub mod tune;
 
 pub use local::LocalLmt;
 pub use nemesis_shm::ring::Seg;

@@ -8,9 +8,14 @@
 //! order allows fastest first. A slower one is looked at again now and then, the less often
 //! the slower it was, so that a change of placement is noticed: the looks cost at most
 //! [`LOOK`]/[`LOOK_EVERY`] (1/16) of a transfer's time on average.
+//!
+//! [`Tuner`] chooses between anything by time: the two-sided layer's sender uses one,
+//! with its own schedule of looks ([`Tuner::with_looks`]), to choose how a stream's
+//! longer messages go.
 
 use crate::Strategy;
 use std::collections::HashMap;
+use std::fmt::Debug;
 use std::time::Instant;
 
 /// Choices between two looks at a strategy, per time slower than the best it was.
@@ -20,12 +25,12 @@ pub const LOOK_EVERY: u64 = 48;
 /// within `LOOK_EVERY * SLOWEST` choices.
 const SLOWEST: f64 = 8.0;
 
-/// Transfers in a look.
-const LOOK: u32 = 3;
+/// Transfers in a look, for the receiver's strategies.
+pub const LOOK: u32 = 3;
 
 /// The figures of a strategy that count: enough that a few transfers slowed by something
 /// else decide nothing, few enough that a change of placement shows within a few.
-const RECENT: usize = 5;
+pub const RECENT: usize = 5;
 
 /// When a transfer that may be timed began: taken by [`Tuner::begin`].
 #[derive(Debug, Clone, Copy)]
@@ -39,8 +44,8 @@ pub(crate) struct Stamp {
 
 /// What one strategy took with one peer in one size band.
 #[derive(Debug, Clone, Copy)]
-struct Seen {
-    strategy: Strategy,
+struct Seen<K> {
+    strategy: K,
     /// Nanoseconds per KiB, or `None` until timed: the least of the recent figures, as a
     /// transfer is only ever slowed by what else runs.
     figure: Option<f64>,
@@ -54,18 +59,27 @@ struct Seen {
     at: u64,
 }
 
-#[derive(Debug, Default)]
-struct Band {
+#[derive(Debug)]
+struct Band<K> {
     choices: u64,
-    seen: Vec<Seen>,
+    seen: Vec<Seen<K>>,
 }
 
-impl Band {
-    fn get(&self, s: Strategy) -> Option<&Seen> {
+impl<K> Default for Band<K> {
+    fn default() -> Self {
+        Self {
+            choices: 0,
+            seen: Vec::new(),
+        }
+    }
+}
+
+impl<K: Copy + PartialEq> Band<K> {
+    fn get(&self, s: K) -> Option<&Seen<K>> {
         self.seen.iter().find(|x| x.strategy == s)
     }
 
-    fn entry(&mut self, s: Strategy) -> &mut Seen {
+    fn entry(&mut self, s: K) -> &mut Seen<K> {
         let i = match self.seen.iter().position(|x| x.strategy == s) {
             Some(i) => i,
             None => {
@@ -85,7 +99,7 @@ impl Band {
 
     /// Which of `order` to put first, if not the fastest, and for how many transfers
     /// more after this one.
-    fn next_look(&self, order: &[Strategy]) -> Option<(usize, u32)> {
+    fn next_look(&self, order: &[K], look: u32, first_cold: bool, every: u64) -> Option<(usize, u32)> {
         if let Some(i) = order
             .iter()
             .position(|&s| self.get(s).is_some_and(|x| x.look_left > 0))
@@ -95,35 +109,44 @@ impl Band {
         // Never tried: a first try, not timed (it may make the ring's file, and touches
         // the buffers' pages for the first time), then a look.
         if let Some(i) = order.iter().position(|&s| self.get(s).is_none()) {
-            return Some((i, LOOK));
+            return Some((i, if first_cold { look } else { look - 1 }));
         }
-        let figure = |s: Strategy| self.get(s).and_then(|x| x.figure);
+        let figure = |s: K| self.get(s).and_then(|x| x.figure);
         let best = order
             .iter()
             .filter_map(|&s| figure(s))
             .fold(f64::INFINITY, f64::min);
-        let due = |s: Strategy| {
+        let due = |s: K| {
             let x = self.get(s)?;
             let times = figure(s).map_or(1.0, |f| (f / best).clamp(1.0, SLOWEST));
-            let wait = (LOOK_EVERY as f64 * times) as u64;
+            let wait = (every as f64 * times) as u64;
             (figure(s) != Some(best) && self.choices - x.at >= wait).then_some(x.at)
         };
         // The one due the longest.
         (0..order.len())
             .filter_map(|i| due(order[i]).map(|at| (at, i)))
             .min()
-            .map(|(_, i)| (i, LOOK - 1))
+            .map(|(_, i)| (i, look - 1))
     }
 }
 
-/// The receiver's figures, per peer and size band.
-#[derive(Debug, Default)]
-pub(crate) struct Tuner {
-    bands: HashMap<(u32, u32), Band>,
+/// The figures of the ways to move data that a side has tried, per peer and size band:
+/// large-message strategies for the receiver ([`Strategy`], the default), or whatever
+/// else a layer above chooses between by time (the two-sided layer's way for a stream's
+/// longer messages).
+#[derive(Debug)]
+pub struct Tuner<K = Strategy> {
+    bands: HashMap<(u32, u32), Band<K>>,
     /// Receives begun and not yet ended.
     live: u32,
     /// Receives begun, ever.
     begun: u64,
+    /// Choices in a look.
+    look: u32,
+    /// Whether a strategy's first try is left untimed, as cold.
+    first_cold: bool,
+    /// Choices between looks at a strategy, per time slower than the best.
+    look_every: u64,
 }
 
 /// Sizes within a factor of four share figures.
@@ -131,18 +154,44 @@ fn band(len: usize) -> u32 {
     (usize::BITS - len.leading_zeros()) / 2
 }
 
-impl Tuner {
+impl<K> Default for Tuner<K> {
+    /// The receiver's schedule: a strategy's first try untimed, then [`LOOK`] timed,
+    /// and a look every [`LOOK_EVERY`] choices per time slower.
+    fn default() -> Self {
+        Self::with_looks(LOOK, true, LOOK_EVERY)
+    }
+}
+
+impl<K> Tuner<K> {
+    /// A tuner whose looks take `look` choices (at least one), the first try of each
+    /// strategy among them unless `first_cold`, when it comes before them untimed, and
+    /// come every `look_every` choices per time slower than the best (at most
+    /// eight times that). For choices that each cover many transfers (a stream's
+    /// window), where a cold start weighs little and a look at a slow way costs much.
+    pub fn with_looks(look: u32, first_cold: bool, look_every: u64) -> Self {
+        Self {
+            bands: HashMap::new(),
+            live: 0,
+            begun: 0,
+            look: look.max(1),
+            first_cold,
+            look_every: look_every.max(1),
+        }
+    }
+}
+
+impl<K: Copy + PartialEq + Debug> Tuner<K> {
     /// Puts `order` (strategies for `len` bytes to `peer`, every one possible now, best
     /// first by the policy) in the order to try them: one being looked at first, then
     /// by what each took. Left as it is with fewer than two, or while another receive is
     /// in flight, since this one would not be timed.
-    pub fn rank(&mut self, peer: u32, len: usize, order: &mut [Strategy]) {
+    pub fn rank(&mut self, peer: u32, len: usize, order: &mut [K]) {
         if order.len() < 2 || self.live > 0 {
             return;
         }
         let b = self.bands.entry((peer, band(len))).or_default();
         b.choices += 1;
-        match b.next_look(order) {
+        match b.next_look(order, self.look, self.first_cold, self.look_every) {
             Some((i, left)) => {
                 order[..=i].rotate_right(1);
                 let choices = b.choices;
@@ -154,14 +203,25 @@ impl Tuner {
             None => {
                 // Fastest first, and one never timed (each of its transfers overlapped
                 // another) last, until its next look; ties keep the policy's order.
-                let figure = |s: Strategy| b.get(s).and_then(|x| x.figure).unwrap_or(f64::INFINITY);
+                let figure = |s: K| b.get(s).and_then(|x| x.figure).unwrap_or(f64::INFINITY);
                 order.sort_by(|&a, &c| figure(a).total_cmp(&figure(c)));
             }
         }
     }
 
+    /// Puts `order` in the order the figures so far give, fastest first, without
+    /// counting a choice or starting a look: for a choice that cannot be timed. Ties, and
+    /// strategies never timed, keep the order given.
+    pub fn prefer(&self, peer: u32, len: usize, order: &mut [K]) {
+        let Some(b) = self.bands.get(&(peer, band(len))) else {
+            return;
+        };
+        let figure = |s: K| b.get(s).and_then(|x| x.figure).unwrap_or(f64::INFINITY);
+        order.sort_by(|&a, &c| figure(a).total_cmp(&figure(c)));
+    }
+
     /// A receive begins.
-    pub fn begin(&mut self) -> Stamp {
+    pub(crate) fn begin(&mut self) -> Stamp {
         self.begun += 1;
         self.live += 1;
         Stamp {
@@ -173,7 +233,7 @@ impl Tuner {
 
     /// A receive that began at `stamp` ends; `moved` when it moved the whole message.
     /// Timed only if it ran alone from start to end.
-    pub fn end(&mut self, stamp: Stamp, peer: u32, len: usize, strategy: Strategy, moved: bool) {
+    pub(crate) fn end(&mut self, stamp: Stamp, peer: u32, len: usize, strategy: K, moved: bool) {
         self.live = self.live.saturating_sub(1);
         if moved && stamp.alone && stamp.nth == self.begun && len > 0 {
             let ns = stamp.at.elapsed().as_nanos() as f64;
@@ -183,23 +243,28 @@ impl Tuner {
 
     /// Records that a transfer of `len` bytes to `peer` by `strategy` took `ns`, unless it
     /// was the strategy's first: the least of the last [`RECENT`] is its figure.
-    pub fn record(&mut self, peer: u32, len: usize, strategy: Strategy, ns: f64) {
+    pub fn record(&mut self, peer: u32, len: usize, strategy: K, ns: f64) {
+        self.record_over(peer, len, len, strategy, ns);
+    }
+
+    /// As [`Tuner::record`], for `bytes` moved as messages of `len` bytes each (a run of
+    /// them timed as a whole): the figure is per KiB of `bytes`, in `len`'s band.
+    pub fn record_over(&mut self, peer: u32, len: usize, bytes: usize, strategy: K, ns: f64) {
         let b = self.bands.entry((peer, band(len))).or_default();
         let choices = b.choices;
         let x = b.entry(strategy);
-        if x.figure.is_none() && x.tries <= 1 {
+        if self.first_cold && x.figure.is_none() && x.tries <= 1 {
             // Its first try: cold.
             return;
         }
         x.recent.rotate_right(1);
-        x.recent[0] = ns / (len as f64 / 1024.0);
+        x.recent[0] = ns / (bytes.max(1) as f64 / 1024.0);
         x.figure = Some(x.recent.iter().copied().fold(f64::INFINITY, f64::min));
         x.at = choices;
     }
 
     /// What `strategy` took per KiB with `peer` for `len` bytes, as far as measured.
-    #[cfg(test)]
-    pub fn figure(&self, peer: u32, len: usize, strategy: Strategy) -> Option<f64> {
+    pub fn figure(&self, peer: u32, len: usize, strategy: K) -> Option<f64> {
         self.bands.get(&(peer, band(len)))?.get(strategy)?.figure
     }
 
