@@ -557,6 +557,15 @@ impl<R: Region, V: Variant> Port<R, V> {
         unsafe { self.region.doorbell_of(self.book.my) }.unwatch();
     }
 
+    /// Whether we have sent local process `dest` anything by fastbox since we last took
+    /// a message from it: a stream one way, of whatever length, rather than an exchange.
+    /// A hint, as [`Port::streams_to`] is.
+    #[inline]
+    pub fn sent_since_taken(&self, dest: u32) -> bool {
+        let b = &self.book;
+        dest != b.me && dest < b.n && b.peers[b.pos(dest)].boxes.as_ref().is_some_and(|r| r.streaming)
+    }
+
     /// Cells of ours that are neither in flight nor waiting in our free queue.
     pub fn free_cells(&self) -> usize {
         self.book.stash.len()
@@ -1021,11 +1030,14 @@ mod tests {
         let (mut a, mut b) = (Port::new(r.clone(), 0), Port::new(r, 1));
         let (short, long) = ([1u8; 8], [2u8; 100]);
         assert!(!a.streams_to(1), "nothing sent yet");
+        assert!(!a.sent_since_taken(1));
         a.try_send(1, &[1, 0], &[&short], 8).unwrap();
         assert!(
             !a.streams_to(1),
             "a short message, as a header before its payload"
         );
+        assert!(a.sent_since_taken(1), "but sent all the same");
+        assert!(!a.sent_since_taken(0) && !a.sent_since_taken(5) && !b.sent_since_taken(0));
         a.try_send(1, &[2, 0], &[&long], 100).unwrap();
         assert!(a.streams_to(1), "a long one, by a span of boxes");
         assert!(!b.streams_to(0));
@@ -1038,6 +1050,7 @@ mod tests {
         b.try_send(0, &[3, 0], &[&short], 8).unwrap();
         assert_eq!(drain(&mut a).len(), 1);
         assert!(!a.streams_to(1), "we took one of the peer's by fastbox");
+        assert!(!a.sent_since_taken(1));
         // A long one by cell starts a stream too, and one taken by cell ends it.
         let big = [3u8; 300];
         a.try_send(1, &[4, 0], &[&big], 300).unwrap();

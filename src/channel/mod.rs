@@ -281,6 +281,16 @@ pub trait Channel {
         false
     }
 
+    /// Whether we have sent `peer` anything since we last took a packet from it, as far
+    /// as the transport knows cheaply: [`Channel::streams_to`] for packets of any
+    /// length, so that a stream of rendezvous (whose packets are short) counts. The
+    /// default knows nothing and says false.
+    #[inline]
+    fn sent_since_taken(&self, peer: Rank) -> bool {
+        let _ = peer;
+        false
+    }
+
     /// Makes progress: moves queued sends on, and hands every arrived packet to `sink` in
     /// place. Returns how many packets it handed up.
     fn poll<F: FnMut(Packet<'_>)>(&mut self, sink: F) -> Result<usize, ChannelError>;
@@ -499,6 +509,10 @@ impl<C: Channel + ?Sized> Channel for &mut C {
     #[inline(always)]
     fn streams_to(&self, peer: Rank) -> bool {
         (**self).streams_to(peer)
+    }
+    #[inline(always)]
+    fn sent_since_taken(&self, peer: Rank) -> bool {
+        (**self).sent_since_taken(peer)
     }
     #[inline(always)]
     fn poll<F: FnMut(Packet<'_>)>(&mut self, sink: F) -> Result<usize, ChannelError> {

@@ -452,6 +452,10 @@ impl Channel for NemesisChannel {
         self.shm.is_local(peer) && self.shm.streams_to(peer)
     }
 
+    fn sent_since_taken(&self, peer: Rank) -> bool {
+        self.shm.is_local(peer) && self.shm.sent_since_taken(peer)
+    }
+
     #[inline]
     fn poll<F: FnMut(Packet<'_>)>(&mut self, sink: F) -> Result<usize, ChannelError> {
         if self.net.is_some() {

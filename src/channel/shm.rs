@@ -488,6 +488,14 @@ impl Channel for ShmChannel {
     }
 
     #[inline]
+    fn sent_since_taken(&self, peer: Rank) -> bool {
+        match self.local_of.get(peer as usize) {
+            Some(&local) if local < self.rank_of.len() as u32 => self.port.sent_since_taken(local),
+            _ => false,
+        }
+    }
+
+    #[inline]
     fn poll<F: FnMut(Packet<'_>)>(&mut self, sink: F) -> Result<usize, ChannelError> {
         if self.extra {
             return self.poll_with_extra(sink);
