@@ -52,6 +52,11 @@ pub const KNOWN: &[(&str, Reader, &str)] = &[
         "largest medium message within the node while streaming to the peer",
     ),
     (
+        "NEMESIS_STREAM_TUNE_LIMIT",
+        Reader::Library,
+        "within the node, a stream's messages up to this go as packets or by rendezvous, as measured",
+    ),
+    (
         "NEMESIS_FAILURE_TIMEOUT",
         Reader::Library,
         "seconds between checks of peers",

@@ -482,7 +482,7 @@ fn stress_through_every_large_message_strategy() {
         match lmt {
             // Every path of the default: the pair buffer, for answers that one packet
             // would carry too and answers above the medium limit, runs of packets, and
-            // the rendezvous of a stream.
+            // a stream's messages both by rendezvous and as packets, as chosen by time.
             "medium" => {
                 for what in [
                     "paired",
@@ -490,6 +490,7 @@ fn stress_through_every_large_message_strategy() {
                     "paired_long",
                     "medium_packets",
                     "stream_rendezvous",
+                    "stream_packets",
                 ] {
                     assert!(sent(what) > 0, "no {what}\n{}", text(&o));
                 }

@@ -49,6 +49,7 @@ mod owned;
 mod requests;
 mod rndv;
 mod scope;
+mod stream_way;
 mod wire;
 mod world;
 
@@ -209,6 +210,12 @@ pub const MAX_MEDIUM_LIMIT: usize = medium::MEDIUM_MAX;
 /// ring it moved less (BENCHMARKS.md). Elsewhere the medium limit holds in a stream too.
 pub const DEFAULT_STREAM_MEDIUM_LIMIT: usize = nemesis_lmt::policy::AUTO_CMA_MIN - 1;
 
+/// The longest message a stream within the node may send as a run of packets, where its
+/// sender found that way moved more than the rendezvous (`p2p/stream_way.rs`): as long
+/// as the cells the default segment gives a process (64 of 8 KiB), which a run must find
+/// free at once.
+pub const DEFAULT_STREAM_TUNE_LIMIT: usize = 512 << 10;
+
 /// Tunables, from the environment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Config {
@@ -232,6 +239,12 @@ pub struct Config {
     /// stream's bytes with one copy where a run of packets takes two, while an exchange
     /// keeps the run's lower latency. See [`DEFAULT_STREAM_MEDIUM_LIMIT`].
     pub stream_medium_limit: usize,
+    /// A message sent while streaming to a rank on this node, longer than
+    /// `stream_medium_limit` and at most this many bytes, goes as a run of packets or by
+    /// rendezvous, whichever the sender's recent streams to that rank moved more
+    /// (`NEMESIS_STREAM_TUNE_LIMIT`; 0, or with `medium_limit` 0, always by rendezvous;
+    /// at most 1 MiB). See [`DEFAULT_STREAM_TUNE_LIMIT`].
+    pub stream_tune_limit: usize,
     /// Within the node, a message longer than this and no longer than `eager_limit`
     /// goes through the buffer the pair shares when it is free and the message answers
     /// the last one through it, else in one packet (`NEMESIS_PAIR_EAGER_LIMIT`; at
@@ -281,8 +294,18 @@ impl Config {
                 .filter(|&n| n <= medium::MEDIUM_MAX)
                 .ok_or_else(|| bad("NEMESIS_MEDIUM_LIMIT", &v, "expected a size from 0 to 1M"))?,
         };
+        let stream_tune_limit = match get("NEMESIS_STREAM_TUNE_LIMIT") {
+            None => DEFAULT_STREAM_TUNE_LIMIT,
+            Some(v) => nemesis_shm::config::parse_size(&v)
+                .and_then(|n| usize::try_from(n).ok())
+                .filter(|&n| n <= medium::MEDIUM_MAX)
+                .ok_or_else(|| bad("NEMESIS_STREAM_TUNE_LIMIT", &v, "expected a size from 0 to 1M"))?,
+        };
+        let stream_tune_limit = if medium_limit == 0 { 0 } else { stream_tune_limit };
         let stream_medium_limit = match get("NEMESIS_STREAM_MEDIUM_LIMIT") {
-            None if kernel_copy_first(&get) => DEFAULT_STREAM_MEDIUM_LIMIT,
+            None if stream_tune_limit > DEFAULT_STREAM_MEDIUM_LIMIT || kernel_copy_first(&get) => {
+                DEFAULT_STREAM_MEDIUM_LIMIT
+            }
             None => medium_limit,
             Some(v) => nemesis_shm::config::parse_size(&v)
                 .and_then(|n| usize::try_from(n).ok())
@@ -313,6 +336,7 @@ impl Config {
             net_eager_limit,
             medium_limit,
             stream_medium_limit,
+            stream_tune_limit,
             pair_eager_limit,
             failure_check,
             node_collectives,
@@ -326,7 +350,7 @@ impl Config {
 /// process may use CMA: where the rendezvous's single copy is the ring's, or chunks',
 /// it moved no more than a run of packets did. A policy that does not parse says no
 /// here; the channel reports it.
-fn kernel_copy_first(get: &impl Fn(&str) -> Option<String>) -> bool {
+pub(crate) fn kernel_copy_first(get: &impl Fn(&str) -> Option<String>) -> bool {
     let Ok(p) = nemesis_lmt::Policy::from_lookup(get) else {
         return false;
     };
@@ -356,6 +380,10 @@ pub struct SendCounts {
     /// Of those, messages within the medium limit that went so because their sender
     /// streamed to the peer (above the stream medium limit).
     pub stream_rendezvous: u64,
+    /// Of the medium messages as a run of packets, those above the stream medium limit
+    /// that went so because the sender's recent streams to the peer had moved more that
+    /// way than by rendezvous (`NEMESIS_STREAM_TUNE_LIMIT`).
+    pub stream_packets: u64,
 }
 
 /// Where a rank is, as seen from this process.

@@ -499,9 +499,22 @@ fn the_stream_medium_limit_follows_the_copy_a_rendezvous_would_make() {
     };
     let medium = super::DEFAULT_MEDIUM_LIMIT;
     let stream = |vars| read(vars).unwrap().stream_medium_limit;
-    // Through the copy ring or chunks, a stream keeps the medium limit.
-    assert_eq!(stream(&[("NEMESIS_LMT_AUTO", "ring,cma")]), medium);
-    assert_eq!(stream(&[("NEMESIS_LMT", "chunks")]), medium);
+    // A stream's way chosen by time from 32 KiB, whatever the strategies.
+    for vars in [
+        &[("NEMESIS_LMT_AUTO", "ring,cma")][..],
+        &[("NEMESIS_LMT", "chunks")],
+        &[],
+    ] {
+        assert_eq!(stream(vars), super::DEFAULT_STREAM_MEDIUM_LIMIT, "{vars:?}");
+    }
+    // Without that, through the copy ring or chunks, a stream keeps the medium limit.
+    let untuned = |v: &'static [(&'static str, &'static str)]| {
+        let mut all = v.to_vec();
+        all.push(("NEMESIS_STREAM_TUNE_LIMIT", "0"));
+        stream(Box::leak(all.into_boxed_slice()))
+    };
+    assert_eq!(untuned(&[("NEMESIS_LMT_AUTO", "ring,cma")]), medium);
+    assert_eq!(untuned(&[("NEMESIS_LMT", "chunks")]), medium);
     // Through CMA, where this process may use it, a stream takes the rendezvous sooner.
     let cma = nemesis_lmt::cma::probe().is_ok();
     let want = if cma {
@@ -509,8 +522,8 @@ fn the_stream_medium_limit_follows_the_copy_a_rendezvous_would_make() {
     } else {
         medium
     };
-    assert_eq!(stream(&[("NEMESIS_LMT", "cma")]), want);
-    assert_eq!(stream(&[("NEMESIS_LMT_AUTO", "cma-split,ring")]), want);
+    assert_eq!(untuned(&[("NEMESIS_LMT", "cma")]), want);
+    assert_eq!(untuned(&[("NEMESIS_LMT_AUTO", "cma-split,ring")]), want);
     // Set, it holds, never above the medium limit.
     assert_eq!(stream(&[("NEMESIS_STREAM_MEDIUM_LIMIT", "64K")]), 64 << 10);
     assert_eq!(
@@ -525,6 +538,20 @@ fn the_stream_medium_limit_follows_the_copy_a_rendezvous_would_make() {
         let vars: &'static [(&str, &str)] = Box::leak(Box::new([("NEMESIS_STREAM_MEDIUM_LIMIT", v)]));
         let e = read(vars).unwrap_err();
         assert!(e.to_string().contains("NEMESIS_STREAM_MEDIUM_LIMIT"), "{e}");
+    }
+    let tune = |vars| read(vars).unwrap().stream_tune_limit;
+    assert_eq!(tune(&[]), super::DEFAULT_STREAM_TUNE_LIMIT);
+    assert_eq!(tune(&[("NEMESIS_STREAM_TUNE_LIMIT", "1M")]), 1 << 20);
+    assert_eq!(tune(&[("NEMESIS_STREAM_TUNE_LIMIT", "0")]), 0);
+    assert_eq!(
+        tune(&[("NEMESIS_MEDIUM_LIMIT", "0")]),
+        0,
+        "no medium messages at all"
+    );
+    for v in ["2M", "lots", "-1"] {
+        let vars: &'static [(&str, &str)] = Box::leak(Box::new([("NEMESIS_STREAM_TUNE_LIMIT", v)]));
+        let e = read(vars).unwrap_err();
+        assert!(e.to_string().contains("NEMESIS_STREAM_TUNE_LIMIT"), "{e}");
     }
 }
 
@@ -1773,7 +1800,11 @@ fn a_medium_message_in_a_stream_goes_by_rendezvous_above_the_stream_limit() {
         let out = job_with(
             2,
             Geometry::default(),
-            move |c| c.stream_medium_limit = stream_limit,
+            // The rule alone, without the choice by time (the next test).
+            move |c| {
+                c.stream_medium_limit = stream_limit;
+                c.stream_tune_limit = 0;
+            },
             move |mut w| {
                 let c = w.comm();
                 let mut ack = [0u8; 1];
@@ -1830,6 +1861,87 @@ fn a_medium_message_in_a_stream_goes_by_rendezvous_above_the_stream_limit() {
         }
         assert!(after, "an answer is no stream (limit {stream_limit})");
     }
+}
+
+/// Windows of `isend`s answered by an acknowledgement, as osu_bw sends: each window is
+/// an episode of the sender's choice by time (`stream_way.rs`), all but its first
+/// message in the first two windows one way (as packets where the rule without timing
+/// sends this size so, else by rendezvous), in the next two the other, then whichever
+/// moved more. Every message arrives whole either way, into distinct buffers and
+/// truncated into a short one.
+#[test]
+fn a_stream_takes_both_ways_in_turn_and_every_message_arrives_whole() {
+    const LEN: usize = 96 << 10;
+    const WINDOW: usize = 6;
+    const WINDOWS: usize = 14;
+    let out = job_with(
+        2,
+        Geometry::default(),
+        |_| {},
+        |mut w| {
+            let c = w.comm();
+            let mut ack = [0u8; 1];
+            if w.rank() == 0 {
+                let msgs: Vec<Vec<u8>> = (0..WINDOW as u32).map(|k| pattern(k, LEN)).collect();
+                let mut per_window = Vec::new();
+                for _ in 0..WINDOWS {
+                    let before = w.send_counts();
+                    w.scope(|s| {
+                        let reqs: Vec<_> = msgs.iter().map(|m| s.isend(&c, 1, 1, m).unwrap()).collect();
+                        s.waitall(reqs).unwrap();
+                    });
+                    w.recv(&c, 1, 9, &mut ack).unwrap();
+                    let after = w.send_counts();
+                    per_window.push((
+                        after.stream_packets - before.stream_packets,
+                        after.rendezvous - before.rendezvous,
+                    ));
+                }
+                per_window
+            } else {
+                let mut bufs = vec![vec![0u8; LEN]; WINDOW];
+                let mut short = vec![0u8; 1000];
+                for _ in 0..WINDOWS {
+                    let (head, tail) = bufs.split_at_mut(WINDOW - 1);
+                    w.scope(|s| {
+                        let mut reqs: Vec<_> =
+                            head.iter_mut().map(|b| s.irecv(&c, 0, 1, b).unwrap()).collect();
+                        let _ = tail;
+                        reqs.push(s.irecv(&c, 0, 1, &mut short).unwrap());
+                        let done = s.waitall(reqs);
+                        let e = done.expect_err("the last message is truncated");
+                        assert!(
+                            matches!(
+                                e,
+                                P2pError::Truncated {
+                                    message_len: LEN,
+                                    buffer_len: 1000
+                                }
+                            ),
+                            "{e}"
+                        );
+                    });
+                    for (k, b) in bufs[..WINDOW - 1].iter().enumerate() {
+                        assert!(*b == pattern(k as u32, LEN), "message {k}");
+                    }
+                    assert!(short[..] == pattern(WINDOW as u32 - 1, LEN)[..1000]);
+                    w.send(&c, 0, 9, &[1]).unwrap();
+                }
+                Vec::new()
+            }
+        },
+    );
+    let windows = &out[0];
+    // By rendezvous: all but the first message (which goes the way that moved more so
+    // far, or takes the pair buffer); as packets: at least the second, while the cells
+    // had room.
+    let rendezvous = |w: &[(u64, u64)]| w.iter().all(|&(p, r)| p <= 1 && r >= WINDOW as u64 - 1);
+    let packets = |w: &[(u64, u64)]| w.iter().all(|&(p, _)| p >= 1);
+    assert!(
+        rendezvous(&windows[..2]) && packets(&windows[2..4])
+            || packets(&windows[..2]) && rendezvous(&windows[2..4]),
+        "two windows each way: {windows:?}"
+    );
 }
 
 #[test]

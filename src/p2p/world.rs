@@ -7,6 +7,7 @@ use super::matching::Body;
 use super::node::{NodeColl, NodeWaiter};
 use super::owned::Mailbox;
 use super::requests::{Bufs, Holder, RecvReq, Req, SState, SendReq};
+use super::stream_way::{StreamWays, Way};
 use super::wire::{self, EAGER, MDATA, MEDIUM, REVOKE, RTS, Rts};
 use super::{Config, Locality, P2pError, SendCounts, Status};
 use crate::channel::{
@@ -54,6 +55,11 @@ pub struct World<C: Channel = NemesisChannel> {
     eager_at_once: usize,
     /// Sends by each protocol but the eager one.
     sent: SendCounts,
+    /// How a stream's longer messages to each local rank go, by what they took.
+    ways: StreamWays,
+    /// Up to this size, a stream's messages are first tried as packets, as the rule
+    /// without timing sends them (the stream medium limit it would have).
+    packets_first_to: usize,
     /// The node's segment, whose blocks serve the collectives of node-local communicators.
     pub(crate) node_seg: Option<Arc<Segment>>,
     /// How a member waits in a node collective: as the channel waits, for as many
@@ -178,6 +184,12 @@ impl<C: Channel> World<C> {
             eager_to,
             eager_at_once,
             sent: SendCounts::default(),
+            ways: StreamWays::default(),
+            packets_first_to: if super::kernel_copy_first(&|k| std::env::var(k).ok()) {
+                super::DEFAULT_STREAM_MEDIUM_LIMIT
+            } else {
+                cfg.medium_limit
+            },
             node_seg,
             node_wait,
             flat_vote,
@@ -657,11 +669,48 @@ impl<C: Channel> World<C> {
             }
             return Ok(None);
         }
-        // A medium message in a stream, which the rendezvous moves with one copy.
-        let streamed = local
-            && len <= self.cfg.medium_limit
+        // A message in a stream, which the rendezvous moves with one copy and a run of
+        // packets with two, the faster where the CPUs share a cache: up to the stream
+        // tune limit, the way this side's recent streams to the peer moved more.
+        let mut tuned = false;
+        if local
             && len > self.cfg.stream_medium_limit
-            && self.core.ch.streams_to(d);
+            && self.cfg.stream_tune_limit > self.cfg.stream_medium_limit
+        {
+            if self.core.ch.sent_since_taken(d) {
+                self.ways.more(d, len, Instant::now);
+            } else {
+                self.ways.start(d, len, Instant::now());
+            }
+            tuned = len <= self.cfg.stream_tune_limit;
+        }
+        if tuned {
+            // An answer still goes through the pair buffer; else the way chosen, and by
+            // rendezvous when the cells have no room for the packets.
+            if self.send_paired(d, ctx, tag, &bufs, len)? {
+                return Ok(None);
+            }
+            let first = if len <= self.packets_first_to {
+                Way::Packets
+            } else {
+                Way::Rendezvous
+            };
+            if self.ways.choose(d, len, first) == Way::Packets
+                && self
+                    .core
+                    .ch
+                    .room_for_run(d, len.div_ceil(self.core.ch.max_payload_to(d)))
+            {
+                self.send_medium(d, ctx, tag, &bufs, len)?;
+                self.sent.stream_packets += 1;
+                return Ok(None);
+            }
+        }
+        let streamed = tuned
+            || local
+                && len <= self.cfg.medium_limit
+                && len > self.cfg.stream_medium_limit
+                && self.core.ch.streams_to(d);
         if len <= self.cfg.medium_limit && local && !streamed {
             if self.send_paired(d, ctx, tag, &bufs, len)? {
                 return Ok(None);
@@ -678,7 +727,7 @@ impl<C: Channel> World<C> {
         // Longer, an answer that fits the pair buffer still goes through it: without a
         // handshake, its bytes written into the lines the request came in on and read
         // out behind the writer, where a rendezvous pays a round trip first.
-        if len > self.cfg.medium_limit && local && self.send_paired(d, ctx, tag, &bufs, len)? {
+        if len > self.cfg.medium_limit && local && !tuned && self.send_paired(d, ctx, tag, &bufs, len)? {
             return Ok(None);
         }
         let mut rts = wire::rts_head(len);
@@ -731,7 +780,7 @@ impl<C: Channel> World<C> {
             return Err(e.into());
         }
         self.sent.rendezvous += 1;
-        self.sent.stream_rendezvous += u64::from(streamed);
+        self.sent.stream_rendezvous += u64::from(streamed && len <= self.cfg.medium_limit);
         Ok(Some(id))
     }
 

@@ -263,8 +263,14 @@ pub fn child() -> Result<(), String> {
     println!("rank {me}: {count} messages checked in {:.1?}", start.elapsed());
     let s = w.send_counts();
     println!(
-        "rank {me}: sent paired {} paired_short {} paired_long {} medium_packets {} rendezvous {} stream_rendezvous {}",
-        s.paired, s.paired_short, s.paired_long, s.medium_packets, s.rendezvous, s.stream_rendezvous
+        "rank {me}: sent paired {} paired_short {} paired_long {} medium_packets {} rendezvous {} stream_rendezvous {} stream_packets {}",
+        s.paired,
+        s.paired_short,
+        s.paired_long,
+        s.medium_packets,
+        s.rendezvous,
+        s.stream_rendezvous,
+        s.stream_packets
     );
     if let Some(s) = w.channel().net_stats() {
         println!("rank {me}: rdma moved {} bytes", s.rdma_bytes);
