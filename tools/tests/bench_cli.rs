@@ -89,8 +89,10 @@ fn stream_ring_and_memory_json() {
         );
         assert!(!l.contains("mib_s"), "one unit: {l}");
     }
+    // Its first windows as medium messages; a later one may be a look at the rendezvous
+    // (`medium+` the strategy), as the stream's way is chosen by time.
     assert!(
-        bw[3].contains("\"lmt\":\"auto\"") && bw[3].contains("\"used\":\"medium\""),
+        bw[3].contains("\"lmt\":\"auto\"") && bw[3].contains("\"used\":\"medium"),
         "64 KiB goes as a medium message: {}",
         bw[3]
     );

@@ -387,6 +387,8 @@ pub struct Pair {
     /// How far past a page boundary the two-sided receive buffers start (ping-pong and
     /// stream).
     recv_skew: usize,
+    /// What the sends of the last [`Pair::stream_p2p`] went by.
+    last_counts: nemesis::SendCounts,
 }
 
 /// Memory the streaming benchmarks send from and receive into.
@@ -495,6 +497,7 @@ impl Pair {
             buf: vec![0; max.max(24)],
             bufs: BufKind::Heap,
             recv_skew: 0,
+            last_counts: nemesis::SendCounts::default(),
         })
     }
 
@@ -779,9 +782,12 @@ impl Pair {
         let mut cfg = nemesis::p2p::Config::from_env(self.ch.max_payload()).map_err(other)?;
         if lmt.is_some() {
             cfg.medium_limit = 0;
+            cfg.stream_tune_limit = 0;
         }
         if let Some(l) = stream_medium_limit {
+            // A way forced: the sender's choice by time stays out of it.
             cfg.stream_medium_limit = l.min(cfg.medium_limit);
+            cfg.stream_tune_limit = 0;
         }
         let mut w = nemesis::World::with_config(&mut self.ch, cfg).map_err(other)?;
         let c = w.comm();
@@ -801,7 +807,14 @@ impl Pair {
             .map_err(other)?;
             w.recv(&c, 1, 2, &mut ack).map_err(other)?;
         }
-        Ok(start.elapsed().as_secs_f64())
+        let secs = start.elapsed().as_secs_f64();
+        self.last_counts = w.send_counts();
+        Ok(secs)
+    }
+
+    /// What the sends of the last [`Pair::stream_p2p`] went by (its warm-up included).
+    pub fn last_send_counts(&self) -> nemesis::SendCounts {
+        self.last_counts
     }
 
     /// Whether this CPU's kernel copies were found slow with the destination a few bytes

@@ -733,6 +733,37 @@ fn buf_kind(s: &str) -> Result<measure::BufKind, String> {
 /// Bytes a bandwidth round aims to move.
 const BW_ROUND_BYTES: u64 = 256 << 20;
 
+/// Adds the sends of one run to those of the runs before.
+fn add_counts(to: &mut nemesis::SendCounts, c: nemesis::SendCounts) {
+    to.paired += c.paired;
+    to.medium_packets += c.medium_packets;
+    to.rendezvous += c.rendezvous;
+}
+
+/// What a stream of `size`-byte messages went by, from its sender's counts (`sent`):
+/// `eager`, `medium` (runs of packets or the pair buffer), the rendezvous `strategy`,
+/// or `medium+` the strategy where it took both (a stream's way chosen by time, or
+/// packets while the cells had room). A strategy forced (not `auto`) is named.
+fn used_by(
+    size: usize,
+    eager: usize,
+    medium: usize,
+    auto: bool,
+    sent: nemesis::SendCounts,
+    strategy: &str,
+) -> String {
+    let packets = sent.medium_packets + sent.paired;
+    match (packets, sent.rendezvous) {
+        _ if size <= eager => "eager".into(),
+        _ if !auto => strategy.into(),
+        (0, 0) if size <= medium => "medium".into(),
+        (0, 0) => strategy.into(),
+        (_, 0) => "medium".into(),
+        (0, _) => strategy.into(),
+        _ => format!("medium+{strategy}"),
+    }
+}
+
 /// Single-thread memcpy bandwidth for `size`-byte copies between two buffers that are
 /// reused, as the benchmark's own buffers are: MB/s (10^6 bytes a second).
 fn memcpy_mb_s(size: usize) -> f64 {
@@ -810,7 +841,7 @@ fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Result<()> {
             );
         }
         println!(
-            "# used: eager, medium (a run of packets, while the cells have room) or the rendezvous strategy"
+            "# used: what the sender's messages went by: eager, medium (runs of packets or the pair buffer), the rendezvous strategy, or medium+ it for some of each"
         );
         println!("# memcpy: one thread copying the same size between two reused buffers, same run");
         println!("# probe: the cache-line ping-pong of the same pair (near: the CPUs share a cache)");
@@ -823,7 +854,7 @@ fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Result<()> {
             );
         }
         print!(
-            "# {:>7} {:>9} {:>9} {:>9} {:>7} {:>10} {:>12} {:>6} {:>9}",
+            "# {:>7} {:>9} {:>9} {:>16} {:>7} {:>10} {:>12} {:>6} {:>9}",
             "size", "transport", "lmt", "used", "buffers", "MB/s", "memcpy MB/s", "ratio", "probe ns"
         );
         if net {
@@ -855,6 +886,8 @@ fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Result<()> {
         let iters = (BW_ROUND_BYTES / (size.max(1) as u64 * a.window)).clamp(1, a.iters);
         let warmup = a.warmup.min(iters);
         let mut secs: Vec<Vec<Vec<f64>>> = plans.iter().map(|l| vec![Vec::new(); l.len()]).collect();
+        let mut sent: Vec<Vec<nemesis::SendCounts>> =
+            plans.iter().map(|l| vec![Default::default(); l.len()]).collect();
         let mut tcp_secs = vec![Vec::new(); pairs.len()];
         let mut probe = vec![Vec::new(); pairs.len()];
         let mut copy = Vec::new();
@@ -878,6 +911,7 @@ fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Result<()> {
                         osu: a.osu,
                         ..StreamPlan::new(size, a.window, iters, warmup)
                     })?);
+                    add_counts(&mut sent[k][i], pair.last_send_counts());
                 }
                 pair.set_buffers(measure::BufKind::Heap);
                 if pair.transport() != Transport::Shm {
@@ -909,19 +943,16 @@ fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Result<()> {
                         size,
                     )
                     && pair.kernel_skew_slow();
-                let used = if size <= eager {
-                    "eager"
-                } else if lmt.is_none() && size <= medium {
-                    "medium"
-                } else if lmt.is_none() && skewed {
+                let strategy = if lmt.is_none() && skewed {
                     "ring+chunks"
                 } else {
                     lmt.unwrap_or_else(|| pair.auto_lmt(size)).name()
                 };
+                let used = used_by(size, eager, medium, lmt.is_none(), sent[k][i], strategy);
                 if json {
                     let mut row = Json::row("bw", "p2p", transport, size)
                         .s("lmt", name)
-                        .s("used", used)
+                        .s("used", &used)
                         .s("recv_buffers", if a.osu { "one" } else { "distinct" })
                         .s("buffers", bufs.name())
                         .u("recv_skew", u64::from(a.recv_skew))
@@ -937,7 +968,7 @@ fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Result<()> {
                     row.print();
                 } else {
                     print!(
-                        "{size:>9} {transport:>9} {name:>9} {used:>9} {:>7} {mb:>10.0} {memcpy:>12.0} {:>6.2} {probe_ns:>9.0}",
+                        "{size:>9} {transport:>9} {name:>9} {used:>16} {:>7} {mb:>10.0} {memcpy:>12.0} {:>6.2} {probe_ns:>9.0}",
                         bufs.name(),
                         mb / memcpy
                     );
