@@ -147,6 +147,22 @@ pub struct Tuner<K = Strategy> {
     first_cold: bool,
     /// Choices between looks at a strategy, per time slower than the best.
     look_every: u64,
+    /// What the first of an order counts its figure as (see
+    /// [`Tuner::favoring_first`]).
+    favor_first: f64,
+}
+
+/// Sorts `order` by the figures of `b`, fastest first, the first counted `favor` times
+/// its figure; ties, and strategies never timed (last), keep their order.
+fn by_figures<K: Copy + PartialEq>(b: &Band<K>, order: &mut [K], favor: f64) {
+    let Some(&first) = order.first() else {
+        return;
+    };
+    let figure = |s: K| {
+        let f = b.get(s).and_then(|x| x.figure).unwrap_or(f64::INFINITY);
+        if s == first { f * favor } else { f }
+    };
+    order.sort_by(|&a, &c| figure(a).total_cmp(&figure(c)));
 }
 
 /// Sizes within a factor of four share figures.
@@ -176,6 +192,7 @@ impl<K> Tuner<K> {
             look: look.max(1),
             first_cold,
             look_every: look_every.max(1),
+            favor_first: 1.0,
         }
     }
 }
@@ -203,8 +220,7 @@ impl<K: Copy + PartialEq + Debug> Tuner<K> {
             None => {
                 // Fastest first, and one never timed (each of its transfers overlapped
                 // another) last, until its next look; ties keep the policy's order.
-                let figure = |s: K| b.get(s).and_then(|x| x.figure).unwrap_or(f64::INFINITY);
-                order.sort_by(|&a, &c| figure(a).total_cmp(&figure(c)));
+                by_figures(b, order, self.favor_first);
             }
         }
     }
@@ -213,11 +229,17 @@ impl<K: Copy + PartialEq + Debug> Tuner<K> {
     /// counting a choice or starting a look: for a choice that cannot be timed. Ties, and
     /// strategies never timed, keep the order given.
     pub fn prefer(&self, peer: u32, len: usize, order: &mut [K]) {
-        let Some(b) = self.bands.get(&(peer, band(len))) else {
-            return;
-        };
-        let figure = |s: K| b.get(s).and_then(|x| x.figure).unwrap_or(f64::INFINITY);
-        order.sort_by(|&a, &c| figure(a).total_cmp(&figure(c)));
+        if let Some(b) = self.bands.get(&(peer, band(len))) {
+            by_figures(b, order, self.favor_first);
+        }
+    }
+
+    /// The tuner, with the strategy first in each order counted `favor` times its
+    /// figure (below 1: it keeps its place unless another is faster by more than
+    /// that), so that a few noisy figures do not move a choice that was right as often.
+    pub fn favoring_first(mut self, favor: f64) -> Self {
+        self.favor_first = favor.clamp(0.1, 1.0);
+        self
     }
 
     /// A receive begins.
@@ -412,6 +434,25 @@ mod tests {
         let mut order = [CmaSplit, Ring, Cma];
         t.rank(1, LEN, &mut order);
         assert_eq!(order[0], Cma, "looked at again");
+    }
+
+    #[test]
+    fn a_favoured_first_keeps_its_place_unless_another_is_clearly_faster() {
+        for (other, want) in [(95.0, CmaSplit), (80.0, Ring)] {
+            let mut t = Tuner::with_looks(1, false, 1 << 20).favoring_first(0.9);
+            let mut order = [CmaSplit, Ring];
+            for _ in 0..2 {
+                t.rank(1, LEN, &mut order);
+                let s = order[0];
+                t.record(1, LEN, s, if s == CmaSplit { 100.0 } else { other } * 256.0);
+                order = [CmaSplit, Ring];
+            }
+            t.rank(1, LEN, &mut order);
+            assert_eq!(order[0], want, "the other at {other}% of the first's time");
+            let mut order = [CmaSplit, Ring];
+            t.prefer(1, LEN, &mut order);
+            assert_eq!(order[0], want, "and without a choice");
+        }
     }
 
     #[test]

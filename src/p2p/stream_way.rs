@@ -81,6 +81,14 @@ const LOOK: u32 = 2;
 /// at most (2 windows of 256 at twice the time: 0.8%).
 const LOOK_EVERY: u64 = 256;
 
+/// What the way the rule without timing takes counts its figure as: another must be
+/// faster by more than a tenth to be taken instead. Two windows of each way decide a
+/// fresh sender's choice, and on the 2-vCPU guests one slowed window in a few made it
+/// pick the slower way (a 128 KiB osu_bw with the CPUs sharing a cache took the
+/// rendezvous in 2 rounds of 15); the ways this is for differ by a quarter or more
+/// (BENCHMARKS.md).
+const FAVOR_RULE: f64 = 0.9;
+
 /// The sender's episodes and their figures, per peer.
 #[derive(Debug)]
 pub(crate) struct StreamWays {
@@ -92,7 +100,7 @@ pub(crate) struct StreamWays {
 impl Default for StreamWays {
     fn default() -> Self {
         Self {
-            tuner: Tuner::with_looks(LOOK, false, LOOK_EVERY),
+            tuner: Tuner::with_looks(LOOK, false, LOOK_EVERY).favoring_first(FAVOR_RULE),
             open: Vec::new(),
         }
     }

@@ -1868,21 +1868,26 @@ fn a_medium_message_in_a_stream_goes_by_rendezvous_above_the_stream_limit() {
 /// message in the first two windows one way (as packets where the rule without timing
 /// sends this size so, else by rendezvous), in the next two the other, then whichever
 /// moved more. Every message arrives whole either way, into distinct buffers and
-/// truncated into a short one.
+/// truncated into a short one, at a size within the medium limit and one above it.
 #[test]
 fn a_stream_takes_both_ways_in_turn_and_every_message_arrives_whole() {
-    const LEN: usize = 96 << 10;
+    for len in [96 << 10, 200_000] {
+        a_stream_of(len);
+    }
+}
+
+fn a_stream_of(len: usize) {
     const WINDOW: usize = 6;
     const WINDOWS: usize = 14;
     let out = job_with(
         2,
         Geometry::default(),
         |_| {},
-        |mut w| {
+        move |mut w| {
             let c = w.comm();
             let mut ack = [0u8; 1];
             if w.rank() == 0 {
-                let msgs: Vec<Vec<u8>> = (0..WINDOW as u32).map(|k| pattern(k, LEN)).collect();
+                let msgs: Vec<Vec<u8>> = (0..WINDOW as u32).map(|k| pattern(k, len)).collect();
                 let mut per_window = Vec::new();
                 for _ in 0..WINDOWS {
                     let before = w.send_counts();
@@ -1899,7 +1904,7 @@ fn a_stream_takes_both_ways_in_turn_and_every_message_arrives_whole() {
                 }
                 per_window
             } else {
-                let mut bufs = vec![vec![0u8; LEN]; WINDOW];
+                let mut bufs = vec![vec![0u8; len]; WINDOW];
                 let mut short = vec![0u8; 1000];
                 for _ in 0..WINDOWS {
                     let (head, tail) = bufs.split_at_mut(WINDOW - 1);
@@ -1914,17 +1919,17 @@ fn a_stream_takes_both_ways_in_turn_and_every_message_arrives_whole() {
                             matches!(
                                 e,
                                 P2pError::Truncated {
-                                    message_len: LEN,
+                                    message_len,
                                     buffer_len: 1000
-                                }
+                                } if message_len == len
                             ),
                             "{e}"
                         );
                     });
                     for (k, b) in bufs[..WINDOW - 1].iter().enumerate() {
-                        assert!(*b == pattern(k as u32, LEN), "message {k}");
+                        assert!(*b == pattern(k as u32, len), "message {k}");
                     }
-                    assert!(short[..] == pattern(WINDOW as u32 - 1, LEN)[..1000]);
+                    assert!(short[..] == pattern(WINDOW as u32 - 1, len)[..1000]);
                     w.send(&c, 0, 9, &[1]).unwrap();
                 }
                 Vec::new()
