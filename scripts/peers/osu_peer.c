@@ -174,7 +174,8 @@ int main(int argc, char **argv) {
             latency(me, sizes[s], a, b);
         } else if (strcmp(argv[1], "bw") == 0 || strcmp(argv[1], "rate") == 0) {
             long window = a, iters = b > 0 ? b : 1;
-            long warmup = iters / 10 > 0 ? iters / 10 : 1;
+            /* As nemesis-bench's: at least 4 windows (see peers.rs, stream_warmup). */
+            long warmup = iters / 10 > 4 ? iters / 10 : 4;
             double secs = stream(me, sizes[s], window, iters, warmup);
             double msgs = (double)window * (double)iters;
             if (me == 0 && argv[1][0] == 'b')

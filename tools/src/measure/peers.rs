@@ -94,6 +94,14 @@ pub struct Plan {
     pub cpus: Vec<usize>,
 }
 
+/// Untimed windows before a stream's timed ones: a tenth of them, and at least four, in
+/// which nemesis's sender has tried both ways of a stream's longer messages
+/// (`NEMESIS_STREAM_TUNE_LIMIT`) as a running program would have; the peers' program
+/// takes as many.
+pub fn stream_warmup(iters: u64) -> u64 {
+    (iters / 10).max(4)
+}
+
 /// Timed windows of a bandwidth round at `size`: about 256 MB, at least one window.
 pub fn bw_iters(size: usize, window: u64) -> u64 {
     ((256u64 << 20) / (size.max(1) as u64 * window)).clamp(1, 200)
@@ -198,7 +206,7 @@ fn ours(pair: &mut Pair, test: Test, size: usize, plan: &Plan) -> Result<f64> {
             let iters = bw_iters(size, plan.window);
             let secs = pair.stream_p2p(StreamPlan {
                 osu: true,
-                ..StreamPlan::new(size, plan.window, iters, (iters / 10).max(1))
+                ..StreamPlan::new(size, plan.window, iters, stream_warmup(iters))
             })?;
             (size as u64 * plan.window * iters) as f64 / secs / 1e6
         }
@@ -207,7 +215,7 @@ fn ours(pair: &mut Pair, test: Test, size: usize, plan: &Plan) -> Result<f64> {
                 size,
                 plan.window,
                 plan.rate_iters,
-                plan.rate_iters / 10,
+                stream_warmup(plan.rate_iters),
             ))?;
             (plan.window * plan.rate_iters) as f64 / secs
         }
