@@ -287,30 +287,26 @@ impl Config {
                 (n.min(max_payload), n)
             }
         };
-        let medium_limit = match get("NEMESIS_MEDIUM_LIMIT") {
-            None => DEFAULT_MEDIUM_LIMIT,
+        // A medium size: at most the largest medium message.
+        let medium_size = |var: &'static str| match get(var) {
+            None => Ok(None),
             Some(v) => nemesis_shm::config::parse_size(&v)
                 .and_then(|n| usize::try_from(n).ok())
                 .filter(|&n| n <= medium::MEDIUM_MAX)
-                .ok_or_else(|| bad("NEMESIS_MEDIUM_LIMIT", &v, "expected a size from 0 to 1M"))?,
+                .map(Some)
+                .ok_or_else(|| bad(var, &v, "expected a size from 0 to 1M")),
         };
-        let stream_tune_limit = match get("NEMESIS_STREAM_TUNE_LIMIT") {
-            None => DEFAULT_STREAM_TUNE_LIMIT,
-            Some(v) => nemesis_shm::config::parse_size(&v)
-                .and_then(|n| usize::try_from(n).ok())
-                .filter(|&n| n <= medium::MEDIUM_MAX)
-                .ok_or_else(|| bad("NEMESIS_STREAM_TUNE_LIMIT", &v, "expected a size from 0 to 1M"))?,
+        let medium_limit = medium_size("NEMESIS_MEDIUM_LIMIT")?.unwrap_or(DEFAULT_MEDIUM_LIMIT);
+        let stream_tune_limit = match medium_size("NEMESIS_STREAM_TUNE_LIMIT")? {
+            _ if medium_limit == 0 => 0,
+            n => n.unwrap_or(DEFAULT_STREAM_TUNE_LIMIT),
         };
-        let stream_tune_limit = if medium_limit == 0 { 0 } else { stream_tune_limit };
-        let stream_medium_limit = match get("NEMESIS_STREAM_MEDIUM_LIMIT") {
+        let stream_medium_limit = match medium_size("NEMESIS_STREAM_MEDIUM_LIMIT")? {
+            Some(n) => n,
             None if stream_tune_limit > DEFAULT_STREAM_MEDIUM_LIMIT || kernel_copy_first(&get) => {
                 DEFAULT_STREAM_MEDIUM_LIMIT
             }
             None => medium_limit,
-            Some(v) => nemesis_shm::config::parse_size(&v)
-                .and_then(|n| usize::try_from(n).ok())
-                .filter(|&n| n <= medium::MEDIUM_MAX)
-                .ok_or_else(|| bad("NEMESIS_STREAM_MEDIUM_LIMIT", &v, "expected a size from 0 to 1M"))?,
         }
         .min(medium_limit);
         let pair_eager_limit = match get("NEMESIS_PAIR_EAGER_LIMIT") {
