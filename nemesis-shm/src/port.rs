@@ -562,8 +562,18 @@ impl<R: Region, V: Variant> Port<R, V> {
     /// A hint, as [`Port::streams_to`] is.
     #[inline]
     pub fn sent_since_taken(&self, dest: u32) -> bool {
+        self.rings_to(dest).is_some_and(|r| r.streaming)
+    }
+
+    /// The fastbox rings shared with local process `dest`: none for ourselves, past the
+    /// processes, or without fastboxes.
+    #[inline]
+    fn rings_to(&self, dest: u32) -> Option<&Rings<R>> {
         let b = &self.book;
-        dest != b.me && dest < b.n && b.peers[b.pos(dest)].boxes.as_ref().is_some_and(|r| r.streaming)
+        if dest == b.me || dest >= b.n {
+            return None;
+        }
+        b.peers[b.pos(dest)].boxes.as_ref()
     }
 
     /// Cells of ours that are neither in flight nor waiting in our free queue.
@@ -578,13 +588,7 @@ impl<R: Region, V: Variant> Port<R, V> {
     /// for `dest` out of range.
     #[inline]
     pub fn streams_to(&self, dest: u32) -> bool {
-        let b = &self.book;
-        dest != b.me
-            && dest < b.n
-            && b.peers[b.pos(dest)]
-                .boxes
-                .as_ref()
-                .is_some_and(|r| r.streaming_long)
+        self.rings_to(dest).is_some_and(|r| r.streaming_long)
     }
 
     /// How many packets to local process `dest` (not this one) would get a cell now:

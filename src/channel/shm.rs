@@ -51,6 +51,15 @@ pub struct ShmChannel {
 }
 
 impl ShmChannel {
+    /// The local process of world rank `peer`, if it is one of this segment's.
+    #[inline]
+    fn local_peer(&self, peer: Rank) -> Option<u32> {
+        match self.local_of.get(peer as usize) {
+            Some(&local) if local < self.rank_of.len() as u32 => Some(local),
+            _ => None,
+        }
+    }
+
     /// Joins the job the environment describes (see [`Boot::init`]), or starts alone.
     pub fn init() -> Result<Self, ChannelError> {
         Self::from_boot(Boot::init()?)
@@ -471,28 +480,21 @@ impl Channel for ShmChannel {
     }
 
     fn room_for_run(&mut self, peer: Rank, packets: usize) -> bool {
-        match self.local_of.get(peer as usize) {
-            Some(&local) if local < self.rank_of.len() as u32 => {
-                self.pending.count() == 0 && self.port.cells_for(local) >= packets
-            }
-            _ => self.pending.count() == 0,
+        match self.local_peer(peer) {
+            Some(local) => self.pending.count() == 0 && self.port.cells_for(local) >= packets,
+            None => self.pending.count() == 0,
         }
     }
 
     #[inline]
     fn streams_to(&self, peer: Rank) -> bool {
-        match self.local_of.get(peer as usize) {
-            Some(&local) if local < self.rank_of.len() as u32 => self.port.streams_to(local),
-            _ => false,
-        }
+        self.local_peer(peer).is_some_and(|l| self.port.streams_to(l))
     }
 
     #[inline]
     fn sent_since_taken(&self, peer: Rank) -> bool {
-        match self.local_of.get(peer as usize) {
-            Some(&local) if local < self.rank_of.len() as u32 => self.port.sent_since_taken(local),
-            _ => false,
-        }
+        self.local_peer(peer)
+            .is_some_and(|l| self.port.sent_since_taken(l))
     }
 
     #[inline]
