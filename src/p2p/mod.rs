@@ -245,6 +245,10 @@ pub struct Config {
     /// (`NEMESIS_STREAM_TUNE_LIMIT`; 0, or with `medium_limit` 0, always by rendezvous;
     /// at most 1 MiB). See [`DEFAULT_STREAM_TUNE_LIMIT`].
     pub stream_tune_limit: usize,
+    /// Up to this size, the choice by time tries a stream's messages as packets first:
+    /// the stream medium limit the rule alone would have (`NEMESIS_STREAM_MEDIUM_LIMIT`'s
+    /// default with `NEMESIS_STREAM_TUNE_LIMIT=0`). Derived, not read.
+    pub stream_packets_first: usize,
     /// Within the node, a message longer than this and no longer than `eager_limit`
     /// goes through the buffer the pair shares when it is free and the message answers
     /// the last one through it, else in one packet (`NEMESIS_PAIR_EAGER_LIMIT`; at
@@ -301,12 +305,15 @@ impl Config {
             _ if medium_limit == 0 => 0,
             n => n.unwrap_or(DEFAULT_STREAM_TUNE_LIMIT),
         };
+        let stream_packets_first = if kernel_copy_first(&get) {
+            DEFAULT_STREAM_MEDIUM_LIMIT
+        } else {
+            medium_limit
+        };
         let stream_medium_limit = match medium_size("NEMESIS_STREAM_MEDIUM_LIMIT")? {
             Some(n) => n,
-            None if stream_tune_limit > DEFAULT_STREAM_MEDIUM_LIMIT || kernel_copy_first(&get) => {
-                DEFAULT_STREAM_MEDIUM_LIMIT
-            }
-            None => medium_limit,
+            None if stream_tune_limit > DEFAULT_STREAM_MEDIUM_LIMIT => DEFAULT_STREAM_MEDIUM_LIMIT,
+            None => stream_packets_first,
         }
         .min(medium_limit);
         let pair_eager_limit = match get("NEMESIS_PAIR_EAGER_LIMIT") {
@@ -333,6 +340,7 @@ impl Config {
             medium_limit,
             stream_medium_limit,
             stream_tune_limit,
+            stream_packets_first,
             pair_eager_limit,
             failure_check,
             node_collectives,
@@ -346,7 +354,7 @@ impl Config {
 /// process may use CMA: where the rendezvous's single copy is the ring's, or chunks',
 /// it moved no more than a run of packets did. A policy that does not parse says no
 /// here; the channel reports it.
-pub(crate) fn kernel_copy_first(get: &impl Fn(&str) -> Option<String>) -> bool {
+fn kernel_copy_first(get: &impl Fn(&str) -> Option<String>) -> bool {
     let Ok(p) = nemesis_lmt::Policy::from_lookup(get) else {
         return false;
     };

@@ -524,6 +524,10 @@ fn the_stream_medium_limit_follows_the_copy_a_rendezvous_would_make() {
     };
     assert_eq!(untuned(&[("NEMESIS_LMT", "cma")]), want);
     assert_eq!(untuned(&[("NEMESIS_LMT_AUTO", "cma-split,ring")]), want);
+    // With the choice by time on, the rule's limit is where packets are tried first.
+    let first = |vars| read(vars).unwrap().stream_packets_first;
+    assert_eq!(first(&[("NEMESIS_LMT", "cma")]), want);
+    assert_eq!(first(&[("NEMESIS_LMT", "chunks")]), medium);
     // Set, it holds, never above the medium limit.
     assert_eq!(stream(&[("NEMESIS_STREAM_MEDIUM_LIMIT", "64K")]), 64 << 10);
     assert_eq!(

@@ -57,9 +57,6 @@ pub struct World<C: Channel = NemesisChannel> {
     sent: SendCounts,
     /// How a stream's longer messages to each local rank go, by what they took.
     ways: StreamWays,
-    /// Up to this size, a stream's messages are first tried as packets, as the rule
-    /// without timing sends them (the stream medium limit it would have).
-    packets_first_to: usize,
     /// The node's segment, whose blocks serve the collectives of node-local communicators.
     pub(crate) node_seg: Option<Arc<Segment>>,
     /// How a member waits in a node collective: as the channel waits, for as many
@@ -185,11 +182,6 @@ impl<C: Channel> World<C> {
             eager_at_once,
             sent: SendCounts::default(),
             ways: StreamWays::default(),
-            packets_first_to: if super::kernel_copy_first(&|k| std::env::var(k).ok()) {
-                super::DEFAULT_STREAM_MEDIUM_LIMIT
-            } else {
-                cfg.medium_limit
-            },
             node_seg,
             node_wait,
             flat_vote,
@@ -690,7 +682,7 @@ impl<C: Channel> World<C> {
             if self.send_paired(d, ctx, tag, &bufs, len)? {
                 return Ok(None);
             }
-            let first = if len <= self.packets_first_to {
+            let first = if len <= self.cfg.stream_packets_first {
                 Way::Packets
             } else {
                 Way::Rendezvous
