@@ -264,7 +264,8 @@ impl<K: Copy + PartialEq + Debug> Tuner<K> {
     }
 
     /// Records that a transfer of `len` bytes to `peer` by `strategy` took `ns`, unless it
-    /// was the strategy's first: the least of the last [`RECENT`] is its figure.
+    /// was the strategy's first and first tries are cold (see [`Tuner::with_looks`]): the
+    /// least of the last [`RECENT`] is its figure.
     pub fn record(&mut self, peer: u32, len: usize, strategy: K, ns: f64) {
         self.record_over(peer, len, len, strategy, ns);
     }
