@@ -1880,6 +1880,45 @@ fn a_stream_takes_both_ways_in_turn_and_every_message_arrives_whole() {
     }
 }
 
+/// With medium messages turned off in a `Config` after it was read, a stream's way is
+/// not chosen by time either: every window goes by rendezvous.
+#[test]
+fn no_medium_messages_means_no_stream_packets() {
+    const LEN: usize = 96 << 10;
+    let out = job_with(
+        2,
+        Geometry::default(),
+        |c| c.medium_limit = 0,
+        |mut w| {
+            let c = w.comm();
+            let mut ack = [0u8; 1];
+            let mut buf = vec![0u8; LEN];
+            for _ in 0..10 {
+                if w.rank() == 0 {
+                    let msg = pattern(1, LEN);
+                    w.scope(|s| {
+                        let reqs: Vec<_> = (0..4).map(|_| s.isend(&c, 1, 1, &msg).unwrap()).collect();
+                        s.waitall(reqs).unwrap();
+                    });
+                    w.recv(&c, 1, 9, &mut ack).unwrap();
+                } else {
+                    for _ in 0..4 {
+                        assert_eq!(w.recv(&c, 0, 1, &mut buf).unwrap().len, LEN);
+                    }
+                    w.send(&c, 0, 9, &[1]).unwrap();
+                }
+            }
+            w.send_counts()
+        },
+    );
+    let n = out[0];
+    assert_eq!(
+        (n.medium_packets, n.stream_packets, n.rendezvous),
+        (0, 0, 40),
+        "{n:?}"
+    );
+}
+
 fn a_stream_of(len: usize) {
     const WINDOW: usize = 6;
     const WINDOWS: usize = 14;

@@ -115,6 +115,12 @@ impl<C: Channel> World<C> {
     /// A bad `NEMESIS_SPIN`, `NEMESIS_YIELDS` or `NEMESIS_WAIT_WARN`.
     pub fn with_config(mut ch: C, mut cfg: Config) -> Result<Self, P2pError> {
         cfg.eager_limit = cfg.eager_limit.min(ch.max_payload());
+        // However the fields were set: no medium messages, no stream's packets either,
+        // and packets never tried first above the medium limit.
+        if cfg.medium_limit == 0 {
+            cfg.stream_tune_limit = 0;
+        }
+        cfg.stream_packets_first = cfg.stream_packets_first.min(cfg.medium_limit);
         let (me, size) = (ch.rank(), ch.size());
         let id = crate::bootstrap::random_job_id();
         let locality: Vec<Locality> = (0..size)
