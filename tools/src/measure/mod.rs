@@ -235,6 +235,58 @@ fn args_of(p: &[u8]) -> Result<[u64; 3]> {
     Ok([word(0), word(1), word(2)])
 }
 
+/// Sends `msg` to `to` as packets of at most `max` bytes: a message longer than one
+/// packet goes as the channel's own chunks, as `bw --layer channel` sends it. What waits
+/// for room is flushed before each piece; nothing may come back meanwhile.
+fn send_pieces(ch: &mut NemesisChannel, to: u32, msg: &[u8], max: usize) -> Result<()> {
+    for piece in msg.chunks(max.max(1)) {
+        while ch.pending() > 0 {
+            let mut stray = 0;
+            ch.poll(|_| stray += 1)?;
+            if stray > 0 {
+                return Err(MeasureError::Protocol(format!(
+                    "{stray} packets arrived while a message was being sent"
+                )));
+            }
+        }
+        ch.send_bytes(to, data(), piece)?;
+    }
+    Ok(())
+}
+
+/// Spins on `poll` until packets holding `want` bytes in all arrived, copying each after
+/// the last into `buf` (as much as fits). Calls `alive` now and then.
+fn recv_pieces(
+    ch: &mut NemesisChannel,
+    buf: &mut [u8],
+    want: usize,
+    alive: &mut dyn FnMut() -> Result<()>,
+) -> Result<usize> {
+    let mut got = 0usize;
+    let mut spins = 0u32;
+    while got < want {
+        let n = ch.poll(|p: Packet<'_>| {
+            let end = (got + p.payload.len()).min(buf.len());
+            if got < end {
+                buf[got..end].copy_from_slice(&p.payload[..end - got]);
+            }
+            got += p.payload.len();
+        })?;
+        if n == 0 {
+            spins = spins.wrapping_add(1);
+            if spins % (1 << 20) == 0 {
+                alive()?;
+            }
+        }
+    }
+    if got != want {
+        return Err(MeasureError::Protocol(format!(
+            "{got} bytes arrived for a message of {want}"
+        )));
+    }
+    Ok(got)
+}
+
 /// Spins on `poll` until exactly one packet arrives, copying its payload into `buf`.
 /// Calls `alive` now and then, so a dead peer ends the wait.
 #[inline]
@@ -609,21 +661,26 @@ impl Pair {
 
     /// `warmup + iters` ping-pongs of `size` bytes through the channel; pushes the
     /// round-trip time of each of the last `iters`, in ticks, onto `rtt`.
+    ///
+    /// A message longer than the channel's largest packet to the peer goes as packets of
+    /// that size, and the echo returns once all of them came.
     pub fn ping_pong(&mut self, size: usize, iters: u64, warmup: u64, rtt: &mut Vec<u64>) -> Result<()> {
         let max = self.ch.max_payload_to(1);
-        if size > max {
-            return Err(MeasureError::Other(format!(
-                "{size} bytes is above the channel's largest packet ({max})"
-            )));
-        }
-        self.command(OP_ECHO, [warmup + iters, 0, 0])?;
+        let pieces = size > max;
+        self.command(OP_ECHO, [warmup + iters, if pieces { size as u64 } else { 0 }, 0])?;
         let msg = vec![0xa5u8; size];
+        let mut back = vec![0u8; if pieces { size } else { 0 }];
         let clock = self.clock;
         let mut alive = Self::alive_check(&mut self.job);
         for i in 0..warmup + iters {
             let t0 = clock.now();
-            self.ch.send_bytes(1, data(), &msg)?;
-            let (_, len) = spin_recv(&mut self.ch, &mut self.buf, &mut alive)?;
+            let len = if pieces {
+                send_pieces(&mut self.ch, 1, &msg, max)?;
+                recv_pieces(&mut self.ch, &mut back, size, &mut alive)?
+            } else {
+                self.ch.send_bytes(1, data(), &msg)?;
+                spin_recv(&mut self.ch, &mut self.buf, &mut alive)?.1
+            };
             let t1 = clock.now();
             if len != size {
                 return Err(MeasureError::Protocol(format!(
@@ -641,18 +698,20 @@ impl Pair {
     /// criterion that want the total.
     pub fn round_trips(&mut self, size: usize, iters: u64) -> Result<Duration> {
         let max = self.ch.max_payload_to(1);
-        if size > max {
-            return Err(MeasureError::Other(format!(
-                "{size} bytes is above the channel's largest packet ({max})"
-            )));
-        }
-        self.command(OP_ECHO, [iters, 0, 0])?;
+        let pieces = size > max;
+        self.command(OP_ECHO, [iters, if pieces { size as u64 } else { 0 }, 0])?;
         let msg = vec![0xa5u8; size];
+        let mut back = vec![0u8; if pieces { size } else { 0 }];
         let mut alive = Self::alive_check(&mut self.job);
         let start = Instant::now();
         for _ in 0..iters {
-            self.ch.send_bytes(1, data(), &msg)?;
-            spin_recv(&mut self.ch, &mut self.buf, &mut alive)?;
+            if pieces {
+                send_pieces(&mut self.ch, 1, &msg, max)?;
+                recv_pieces(&mut self.ch, &mut back, size, &mut alive)?;
+            } else {
+                self.ch.send_bytes(1, data(), &msg)?;
+                spin_recv(&mut self.ch, &mut self.buf, &mut alive)?;
+            }
         }
         Ok(start.elapsed())
     }
@@ -981,6 +1040,17 @@ fn partner() -> Result<()> {
             ..Header::default()
         };
         match h.aux {
+            // `arg`: 0 for messages of one packet, echoed packet by packet; else the
+            // length of a message sent as several, echoed once all of it came.
+            OP_ECHO if arg > 0 => {
+                ch.send_bytes(0, ack, &[])?;
+                let mut msg = vec![0u8; arg as usize];
+                let max = ch.max_payload_to(0);
+                for _ in 0..count {
+                    recv_pieces(&mut ch, &mut msg, arg as usize, &mut alive)?;
+                    send_pieces(&mut ch, 0, &msg, max)?;
+                }
+            }
             OP_ECHO => {
                 ch.send_bytes(0, ack, &[])?;
                 for _ in 0..count {

@@ -1228,7 +1228,10 @@ fn latency(pairs: &mut [Pair], a: &LatencyArgs, json: bool) -> Result<()> {
         println!("# probe: one cache line written by both processes in turn (the placement probe)");
         println!("# floor: one line per direction, each written by one side (what a fastbox costs at best)");
         if p2p {
-            println!("# channel: the same ping-pong through the channel underneath; /chan = p2p / channel");
+            println!(
+                "# channel: the same ping-pong through the channel underneath, a message above its \
+                 largest packet as packets of that size; /chan = p2p / channel"
+            );
         }
         if net {
             println!(
@@ -1274,9 +1277,7 @@ fn latency(pairs: &mut [Pair], a: &LatencyArgs, json: bool) -> Result<()> {
                 progress(&format!("latency {size} B {t}: round {}/{}", r + 1, a.rounds));
                 pair.probe(a.iters, a.warmup, &mut probe[k])?;
                 pair.ping_pong_through(a.layer.layer(), size, a.iters, a.warmup, &mut lat[k])?;
-                // The channel carries one packet at most: above it there is nothing to
-                // set beside the two-sided figure.
-                if p2p && size <= pair.channel().max_payload_to(1) {
+                if p2p {
                     pair.ping_pong(size, a.iters, a.warmup, &mut chan[k])?;
                 }
                 pair.floor(a.iters, a.warmup, &mut floor[k])?;
@@ -1349,8 +1350,8 @@ fn latency(pairs: &mut [Pair], a: &LatencyArgs, json: bool) -> Result<()> {
                     ratio,
                     c.p50 / f.p50
                 );
-                // Above one packet there is no channel figure: its columns say so, so
-                // that the rest stay under their headings.
+                // A missing channel figure (no samples) says so in its columns, so that
+                // the rest stay under their headings.
                 match ch {
                     Some(ch) => print!(" {:>9.1} {:>6.2}", ch.p50, c.p50 / ch.p50),
                     None if p2p => print!(" {:>9} {:>6}", "-", "-"),
