@@ -60,7 +60,8 @@ enum Cmd {
     /// interleaved round by round, and prints the NEMESIS_LMT_AUTO value to set: the
     /// strategies best first, by size band where the leader changes with the size. Then
     /// medium messages streamed as runs of packets against the rendezvous, and the
-    /// NEMESIS_STREAM_MEDIUM_LIMIT value to set.
+    /// NEMESIS_STREAM_MEDIUM_LIMIT value to set (up to which a stream's messages go as
+    /// packets; above it, up to NEMESIS_STREAM_TUNE_LIMIT, the sender chooses by time).
     Calibrate(CalibrateArgs),
     /// Two-sided nemesis beside MPI peers, interleaved round by round: latency, osu_bw
     /// bandwidth (one receive buffer) and message rate, with nemesis/peer ratios.
@@ -317,6 +318,11 @@ fn stream_limit(
             print!(" {s} {g:.2}");
         }
         println!();
+        println!(
+            "# with NEMESIS_STREAM_TUNE_LIMIT above it (512K by default), a stream's messages from \
+             this limit up to that one go the way that moved more lately: the value sets where \
+             that choice begins"
+        );
         println!("NEMESIS_STREAM_MEDIUM_LIMIT={limit}");
     }
 }
