@@ -172,8 +172,8 @@ fn by_figures<K: Copy + PartialEq>(b: &Band<K>, order: &mut [K], favor: f64) {
     order.sort_by(|&a, &c| figure(a).total_cmp(&figure(c)));
 }
 
-/// Sizes within a factor of four share figures.
-fn band(len: usize) -> u32 {
+/// The size band of `len` bytes: sizes within a factor of four share figures.
+pub fn band(len: usize) -> u32 {
     (usize::BITS - len.leading_zeros()) / 2
 }
 

@@ -21,7 +21,7 @@
 //! included, is chosen at the second. (A window's first message by rendezvous where its
 //! rest go as packets keeps the receiver from draining the cells they need.)
 
-use nemesis_lmt::tune::Tuner;
+use nemesis_lmt::tune::{Tuner, band};
 use std::time::Instant;
 
 /// How a stream's message longer than the stream medium limit goes.
@@ -53,7 +53,8 @@ struct Episode {
     way: Option<Way>,
     /// Messages sent in it.
     sends: u32,
-    /// One of them was in another size band than the first: not timed.
+    /// One of them was in another size band than the first (the tuner's bands): not
+    /// timed.
     mixed: bool,
 }
 
@@ -178,11 +179,6 @@ impl StreamWays {
         }
         &mut self.open[i]
     }
-}
-
-/// Sizes within a factor of four share an episode's figure, as they share the tuner's.
-fn band(len: usize) -> u32 {
-    (usize::BITS - len.leading_zeros()) / 2
 }
 
 #[cfg(test)]
