@@ -287,6 +287,29 @@ fn recv_pieces(
     Ok(got)
 }
 
+/// One round trip of `msg` to the echo that [`Pair`]'s ping-pongs start: in one packet
+/// into `buf`, or, when `back` is there (as long as `msg`), as packets of at most `max`
+/// bytes into it. Returns the length of the echo.
+fn round_trip(
+    ch: &mut NemesisChannel,
+    msg: &[u8],
+    buf: &mut [u8],
+    back: Option<&mut [u8]>,
+    max: usize,
+    alive: &mut dyn FnMut() -> Result<()>,
+) -> Result<usize> {
+    match back {
+        Some(back) => {
+            send_pieces(ch, 1, msg, max)?;
+            recv_pieces(ch, back, msg.len(), alive)
+        }
+        None => {
+            ch.send_bytes(1, data(), msg)?;
+            Ok(spin_recv(ch, buf, alive)?.1)
+        }
+    }
+}
+
 /// Spins on `poll` until exactly one packet arrives, copying its payload into `buf`.
 /// Calls `alive` now and then, so a dead peer ends the wait.
 #[inline]
@@ -674,13 +697,8 @@ impl Pair {
         let mut alive = Self::alive_check(&mut self.job);
         for i in 0..warmup + iters {
             let t0 = clock.now();
-            let len = if pieces {
-                send_pieces(&mut self.ch, 1, &msg, max)?;
-                recv_pieces(&mut self.ch, &mut back, size, &mut alive)?
-            } else {
-                self.ch.send_bytes(1, data(), &msg)?;
-                spin_recv(&mut self.ch, &mut self.buf, &mut alive)?.1
-            };
+            let echo = pieces.then_some(&mut back[..]);
+            let len = round_trip(&mut self.ch, &msg, &mut self.buf, echo, max, &mut alive)?;
             let t1 = clock.now();
             if len != size {
                 return Err(MeasureError::Protocol(format!(
@@ -705,13 +723,8 @@ impl Pair {
         let mut alive = Self::alive_check(&mut self.job);
         let start = Instant::now();
         for _ in 0..iters {
-            if pieces {
-                send_pieces(&mut self.ch, 1, &msg, max)?;
-                recv_pieces(&mut self.ch, &mut back, size, &mut alive)?;
-            } else {
-                self.ch.send_bytes(1, data(), &msg)?;
-                spin_recv(&mut self.ch, &mut self.buf, &mut alive)?;
-            }
+            let echo = pieces.then_some(&mut back[..]);
+            round_trip(&mut self.ch, &msg, &mut self.buf, echo, max, &mut alive)?;
         }
         Ok(start.elapsed())
     }
