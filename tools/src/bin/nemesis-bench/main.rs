@@ -739,11 +739,24 @@ fn buf_kind(s: &str) -> Result<measure::BufKind, String> {
 /// Bytes a bandwidth round aims to move.
 const BW_ROUND_BYTES: u64 = 256 << 20;
 
-/// Adds the sends of one run to those of the runs before.
+/// Adds the sends of one run to those of the runs before, every count.
 fn add_counts(to: &mut nemesis::SendCounts, c: nemesis::SendCounts) {
-    to.paired += c.paired;
-    to.medium_packets += c.medium_packets;
-    to.rendezvous += c.rendezvous;
+    let nemesis::SendCounts {
+        paired,
+        paired_short,
+        paired_long,
+        medium_packets,
+        rendezvous,
+        stream_rendezvous,
+        stream_packets,
+    } = c;
+    to.paired += paired;
+    to.paired_short += paired_short;
+    to.paired_long += paired_long;
+    to.medium_packets += medium_packets;
+    to.rendezvous += rendezvous;
+    to.stream_rendezvous += stream_rendezvous;
+    to.stream_packets += stream_packets;
 }
 
 /// What a stream of `size`-byte messages went by, from its sender's counts (`sent`):
