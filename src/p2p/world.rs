@@ -693,12 +693,7 @@ impl<C: Channel> World<C> {
             } else {
                 Way::Rendezvous
             };
-            if self.ways.choose(d, len, first) == Way::Packets
-                && self
-                    .core
-                    .ch
-                    .room_for_run(d, len.div_ceil(self.core.ch.max_payload_to(d)))
-            {
+            if self.ways.choose(d, len, first) == Way::Packets && self.run_fits(d, len) {
                 self.send_medium(d, ctx, tag, &bufs, len)?;
                 self.sent.stream_packets += 1;
                 return Ok(None);
@@ -713,11 +708,7 @@ impl<C: Channel> World<C> {
             if self.send_paired(d, ctx, tag, &bufs, len)? {
                 return Ok(None);
             }
-            if self
-                .core
-                .ch
-                .room_for_run(d, len.div_ceil(self.core.ch.max_payload_to(d)))
-            {
+            if self.run_fits(d, len) {
                 self.send_medium(d, ctx, tag, &bufs, len)?;
                 return Ok(None);
             }
@@ -826,6 +817,12 @@ impl<C: Channel> World<C> {
         self.sent.paired_short += u64::from(len <= self.cfg.eager_limit);
         self.sent.paired_long += u64::from(len > self.cfg.medium_limit);
         Ok(true)
+    }
+
+    /// Whether the cells have room now for `len` bytes to rank `d` as a run of packets.
+    fn run_fits(&mut self, d: u32, len: usize) -> bool {
+        let packets = len.div_ceil(self.core.ch.max_payload_to(d));
+        self.core.ch.room_for_run(d, packets)
     }
 
     /// Sends a medium message: its packets back to back, the first announcing the length
