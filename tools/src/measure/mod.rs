@@ -1363,6 +1363,68 @@ fn end_job(job: Job, timeout: Duration) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nemesis::WaitPolicy;
+    use nemesis::shm::Geometry;
+
+    /// Two channels over one anonymous segment of this process.
+    fn pair() -> (NemesisChannel, NemesisChannel) {
+        let seg = Arc::new(Segment::anonymous(2, Geometry::default()).unwrap());
+        let policy = WaitPolicy {
+            spin: 64,
+            yields: 16,
+            slice: Duration::from_millis(1),
+        };
+        let mk = |r| {
+            let shm = ShmChannel::from_segment(seg.clone(), r, 2, &[0, 1], r, policy);
+            NemesisChannel::with_netmod(shm.unwrap(), None)
+        };
+        (mk(0), mk(1))
+    }
+
+    fn never_dead() -> Result<()> {
+        Ok(())
+    }
+
+    /// A message longer than a packet goes as several and comes back whole; more bytes
+    /// than the message, or a packet from the peer while ours wait for room, are
+    /// protocol errors.
+    #[test]
+    fn a_message_in_pieces_arrives_whole_and_strays_are_errors() {
+        let (mut a, mut b) = pair();
+        let max = a.max_payload_to(1);
+        let msg: Vec<u8> = (0..3 * max + 17).map(|i| i as u8).collect();
+        send_pieces(&mut a, 1, &msg, max).unwrap();
+        let mut got = vec![0u8; msg.len()];
+        let n = recv_pieces(&mut b, &mut got, msg.len(), &mut never_dead).unwrap();
+        assert_eq!((n, &got), (msg.len(), &msg));
+
+        b.send_bytes(0, data(), &[1; 100]).unwrap();
+        b.send_bytes(0, data(), &[2; 100]).unwrap();
+        let mut short = vec![0u8; 150];
+        let e = recv_pieces(&mut a, &mut short, 150, &mut never_dead).unwrap_err();
+        assert!(
+            matches!(e, MeasureError::Protocol(ref m) if m.contains("200 bytes arrived for a message of 150")),
+            "{e}"
+        );
+
+        // Fill every box and cell to b, so that a's sends wait; then b sends a packet.
+        while a.pending() == 0 {
+            a.send_bytes(1, data(), &msg[..max]).unwrap();
+        }
+        b.send_bytes(0, data(), &[3; 8]).unwrap();
+        let e = send_pieces(&mut a, 1, &msg, max).unwrap_err();
+        assert!(
+            matches!(e, MeasureError::Protocol(ref m) if m.contains("arrived while a message was being sent")),
+            "{e}"
+        );
+        // Drained, so that neither end waits at its drop for what it still holds.
+        loop {
+            let took = b.poll(|_| {}).unwrap() + a.poll(|_| {}).unwrap();
+            if took == 0 && a.pending() == 0 {
+                break;
+            }
+        }
+    }
 
     #[test]
     fn a_receive_skew_is_less_than_a_page_and_places_the_buffer_so() {
