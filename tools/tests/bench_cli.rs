@@ -85,6 +85,10 @@ fn stream_ring_and_memory_json() {
                 "used",
                 "probe_ns",
                 "recv_buffers",
+                "sent_paired",
+                "sent_packets",
+                "sent_stream_packets",
+                "sent_rendezvous",
             ],
         );
         assert!(!l.contains("mib_s"), "one unit: {l}");
@@ -116,6 +120,13 @@ fn stream_ring_and_memory_json() {
     );
     assert!(
         bw[4].contains("\"lmt\":\"ring\"") && bw[4].contains("\"used\":\"ring\""),
+        "{}",
+        bw[4]
+    );
+    // A strategy forced, every message above the eager limit goes by rendezvous: the
+    // sender's counts say so.
+    assert!(
+        bw[4].contains("\"sent_packets\":0,") && !bw[4].contains("\"sent_rendezvous\":0"),
         "{}",
         bw[4]
     );

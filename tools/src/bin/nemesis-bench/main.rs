@@ -980,7 +980,11 @@ fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Result<()> {
                         .f("ratio", mb / memcpy)
                         .f("probe_ns", probe_ns)
                         .s("placement", placement(probe_ns))
-                        .u("window", a.window);
+                        .u("window", a.window)
+                        .u("sent_paired", sent[k][i].paired)
+                        .u("sent_packets", sent[k][i].medium_packets)
+                        .u("sent_stream_packets", sent[k][i].stream_packets)
+                        .u("sent_rendezvous", sent[k][i].rendezvous);
                     if let Some(tcp) = tcp {
                         row = row.f("tcp_mb_s", tcp).f("tcp_ratio", mb / tcp);
                     }
