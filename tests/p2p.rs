@@ -469,8 +469,11 @@ fn stress_through_every_large_message_strategy() {
             cmd.env("NEMESIS_PAIR_SIZE", "0");
         } else if lmt == "medium" {
             // Whatever the machine's default, medium messages of a stream go by
-            // rendezvous above 32 KiB (the default on CMA-first machines: from 32 KiB).
-            cmd.env("NEMESIS_STREAM_MEDIUM_LIMIT", "32K");
+            // rendezvous above 32 KiB (the default on CMA-first machines: from 32 KiB),
+            // and up to 512 KiB the way chosen by time (the default where the
+            // rendezvous would not copy by the kernel).
+            cmd.env("NEMESIS_STREAM_MEDIUM_LIMIT", "32K")
+                .env("NEMESIS_STREAM_TUNE_LIMIT", "512K");
         } else {
             cmd.env("NEMESIS_LMT", lmt).env("NEMESIS_MEDIUM_LIMIT", "0");
         }

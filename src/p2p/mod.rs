@@ -213,7 +213,12 @@ pub const DEFAULT_STREAM_MEDIUM_LIMIT: usize = nemesis_lmt::policy::AUTO_CMA_MIN
 /// The longest message a stream within the node may send as a run of packets, where its
 /// sender found that way moved more than the rendezvous (`p2p/stream_way.rs`): as long
 /// as the cells the default segment gives a process (64 of 8 KiB), which a run must find
-/// free at once.
+/// free at once. Where a rendezvous above the stream medium limit would copy by the
+/// kernel (the default order on Intel CPUs, CMA permitted), the default is 0 instead: on
+/// the Intel Xeon guest (family 6, model 207) the rendezvous moved 1.2–1.8 times what
+/// the packets did from 48 to 128 KiB, and the choice by time, which took packets for a
+/// third to all of a 64 KiB stream's messages, moved 0.85 times what the rendezvous
+/// alone did at 64 KiB and 0.9 at 128 and 256 KiB (BENCHMARKS.md).
 pub const DEFAULT_STREAM_TUNE_LIMIT: usize = 512 << 10;
 
 /// Tunables, from the environment.
@@ -243,7 +248,8 @@ pub struct Config {
     /// `stream_medium_limit` and at most this many bytes, goes as a run of packets or by
     /// rendezvous, whichever the sender's recent streams to that rank moved more
     /// (`NEMESIS_STREAM_TUNE_LIMIT`; 0, or with `medium_limit` 0, always by rendezvous;
-    /// at most 1 MiB). See [`DEFAULT_STREAM_TUNE_LIMIT`].
+    /// at most 1 MiB; unset, 0 where that rendezvous would copy by the kernel). See
+    /// [`DEFAULT_STREAM_TUNE_LIMIT`].
     pub stream_tune_limit: usize,
     /// Up to this size, the choice by time tries a stream's messages as packets first:
     /// the stream medium limit the rule alone would have (`NEMESIS_STREAM_MEDIUM_LIMIT`'s
@@ -301,11 +307,16 @@ impl Config {
                 .ok_or_else(|| bad(var, &v, "expected a size from 0 to 1M")),
         };
         let medium_limit = medium_size("NEMESIS_MEDIUM_LIMIT")?.unwrap_or(DEFAULT_MEDIUM_LIMIT);
+        let copy_first = kernel_copy_first(&get);
         let stream_tune_limit = match medium_size("NEMESIS_STREAM_TUNE_LIMIT")? {
             _ if medium_limit == 0 => 0,
-            n => n.unwrap_or(DEFAULT_STREAM_TUNE_LIMIT),
+            Some(n) => n,
+            // Where a stream's rendezvous copies by the kernel, it moved more than the
+            // packets at every size measured: see DEFAULT_STREAM_TUNE_LIMIT.
+            None if copy_first => 0,
+            None => DEFAULT_STREAM_TUNE_LIMIT,
         };
-        let stream_packets_first = if kernel_copy_first(&get) {
+        let stream_packets_first = if copy_first {
             DEFAULT_STREAM_MEDIUM_LIMIT
         } else {
             medium_limit

@@ -544,7 +544,27 @@ fn the_stream_medium_limit_follows_the_copy_a_rendezvous_would_make() {
         assert!(e.to_string().contains("NEMESIS_STREAM_MEDIUM_LIMIT"), "{e}");
     }
     let tune = |vars| read(vars).unwrap().stream_tune_limit;
-    assert_eq!(tune(&[]), super::DEFAULT_STREAM_TUNE_LIMIT);
+    assert_eq!(
+        tune(&[("NEMESIS_LMT_AUTO", "ring,cma")]),
+        super::DEFAULT_STREAM_TUNE_LIMIT
+    );
+    assert_eq!(
+        tune(&[("NEMESIS_LMT", "chunks")]),
+        super::DEFAULT_STREAM_TUNE_LIMIT
+    );
+    // Where the rendezvous copies by the kernel, it alone: no choice by time.
+    let by_kernel = if cma { 0 } else { super::DEFAULT_STREAM_TUNE_LIMIT };
+    assert_eq!(tune(&[("NEMESIS_LMT", "cma")]), by_kernel);
+    assert_eq!(tune(&[("NEMESIS_LMT_AUTO", "cma-split,ring")]), by_kernel);
+    assert_eq!(
+        stream(&[("NEMESIS_LMT_AUTO", "cma-split,ring")]),
+        super::DEFAULT_STREAM_MEDIUM_LIMIT
+    );
+    // Set, it holds there too.
+    assert_eq!(
+        tune(&[("NEMESIS_LMT", "cma"), ("NEMESIS_STREAM_TUNE_LIMIT", "256K")]),
+        256 << 10
+    );
     assert_eq!(tune(&[("NEMESIS_STREAM_TUNE_LIMIT", "1M")]), 1 << 20);
     assert_eq!(tune(&[("NEMESIS_STREAM_TUNE_LIMIT", "0")]), 0);
     assert_eq!(
@@ -1925,7 +1945,8 @@ fn a_stream_of(len: usize) {
     let out = job_with(
         2,
         Geometry::default(),
-        |_| {},
+        // The choice by time on, as where the rendezvous would not copy by the kernel.
+        |c| c.stream_tune_limit = super::DEFAULT_STREAM_TUNE_LIMIT,
         move |mut w| {
             let c = w.comm();
             let mut ack = [0u8; 1];

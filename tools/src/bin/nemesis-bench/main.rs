@@ -319,9 +319,9 @@ fn stream_limit(
         }
         println!();
         println!(
-            "# with NEMESIS_STREAM_TUNE_LIMIT above it (512K by default), a stream's messages from \
-             this limit up to that one go the way that moved more lately: the value sets where \
-             that choice begins"
+            "# with NEMESIS_STREAM_TUNE_LIMIT above it (512K by default; 0 where a rendezvous \
+             would copy by the kernel), a stream's messages from this limit up to that one go \
+             the way that moved more lately: the value sets where that choice begins"
         );
         println!("NEMESIS_STREAM_MEDIUM_LIMIT={limit}");
     }
