@@ -7,7 +7,9 @@
 //! with the CPUs sharing a cache, and about 4 against 11–13 without; the hypervisor moves
 //! the CPUs while a job runs (BENCHMARKS.md). So the sender times its streams to each
 //! peer, one *episode* at a time, and sends the way that moved more lately, looking at
-//! the other now and then ([`Tuner`]).
+//! the other now and then ([`Tuner`]). Where the rendezvous copies by the kernel (the
+//! default order on Intel CPUs), it moved more at every size measured, and the choice
+//! is off unless `NEMESIS_STREAM_TUNE_LIMIT` is set (`DEFAULT_STREAM_TUNE_LIMIT`).
 //!
 //! An episode starts with a send longer than the stream medium limit to a peer that
 //! this side has sent nothing to since it last took a packet from it
