@@ -3,15 +3,16 @@
 //!
 //! | collective | algorithm |
 //! |---|---|
-//! | barrier | dissemination; flat among 3 to 8 ranks on shared CPUs |
+//! | barrier | dissemination; flat among 3 to 8 ranks on shared CPUs (one exchange among 3 or 4) |
 //! | bcast, reduce | binomial tree |
-//! | allreduce | recursive doubling, with the usual fold for sizes that are not powers of two; flat up to 4 KiB among 3 to 8 ranks on shared CPUs |
+//! | allreduce | recursive doubling, with the usual fold for sizes that are not powers of two; flat up to 4 KiB among 3 to 8 ranks on shared CPUs (one exchange among 3 or 4) |
 //! | gather | binomial tree of contiguous blocks |
 //! | allgather | ring |
 //! | alltoall | pairwise exchange |
 //!
-//! *Flat*: every rank sends to rank 0, which answers each once it has heard from all.
-//! Where the node's processes outnumber its CPUs, each of a logarithmic algorithm's rounds
+//! *Flat*: every rank sends to rank 0, which answers each once it has heard from all;
+//! among 3 or 4 ranks, every rank sends to every other instead, and each combines what
+//! it heard in rank order. Where the node's processes outnumber its CPUs, each of a logarithmic algorithm's rounds
 //! waits for its peers to be scheduled; gathered at one rank, each process runs about
 //! twice. Among 8 processes on 2 CPUs a barrier took 6.3–6.6 µs that way against
 //! 11.5–12.3 by dissemination, an 8-byte allreduce 6.5 against 13.6–16.6
@@ -27,6 +28,7 @@
 
 use super::comm::{Comm, CommInner};
 use super::node::{self, NodeColl};
+use super::requests::{Holder, Req};
 use super::{P2pError, Status, World};
 use crate::channel::Channel;
 use crate::op::{Op, Reducible};
@@ -75,6 +77,16 @@ fn describe(tag: i32) -> String {
 /// The communicator sizes at which small collectives may be flat: measured from 4 to 8
 /// on shared CPUs; with 2 ranks, dissemination is one exchange.
 const FLAT_RANKS: std::ops::RangeInclusive<u32> = 3..=8;
+
+/// The sizes at which the flat forms are one exchange, every rank sending to every
+/// other, rather than gathered at rank 0: each process then runs once and checks, where
+/// the gathered form runs rank 0 between the others' turns. Among 3 and 4 processes on
+/// 2 CPUs a barrier took 4.0–5.0 and 5.4–5.9 µs that way against 5.8–7.3 and 7.5–8.5
+/// gathered (with the sends blocking, as a first version had them; 3.4–4.2 and 5.0–6.5
+/// against 6.4–7.1 and 6.4–7.9 as they are); among 8, whose 56 messages cost more than
+/// the turns they save, 19–24 against 18–19, and among 5 and 6 the two were even
+/// (BENCHMARKS.md).
+const EXCHANGE_RANKS: std::ops::RangeInclusive<u32> = 3..=4;
 
 /// The largest allreduce that goes flat, in bytes: the root combines every rank's data
 /// in turn.
@@ -173,6 +185,74 @@ impl<C: Channel> World<C> {
         broken.map_or(Ok(()), Err)
     }
 
+    /// The one-round form: every rank starts sending its `data` to every other rank with
+    /// tag `t`, takes every other rank's, and hands them all, in rank order from rank
+    /// 0's, to `fold`: every rank computes the same bits, and hears from every rank
+    /// itself, so a mismatch fails at every rank that sees it, without word from anyone.
+    /// The sends do not block, so that a rendezvous among them cannot wait in a circle.
+    fn flat_exchange<T: Pod>(
+        &mut self,
+        c: &Arc<CommInner>,
+        t: i32,
+        data: &mut [T],
+        mut fold: impl FnMut(&mut [T], &[T]) -> Result<(), P2pError>,
+    ) -> Result<(), P2pError> {
+        let (me, n) = (c.rank as usize, c.ranks.len());
+        let len = data.len();
+        let mut sends = Vec::with_capacity(n - 1);
+        let mut res = Ok(());
+        for k in 1..n {
+            let dest = ((me + k) % n) as u32;
+            match self.start_send(c, dest, t, c.ctx + 1, bytemuck::cast_slice(data), Holder::Call) {
+                Ok(id) => sends.extend(id),
+                Err(e) => {
+                    res = Err(e);
+                    break;
+                }
+            }
+        }
+        let mut all = vec![T::zeroed(); len * n];
+        let mut broken = None;
+        if res.is_ok() {
+            for p in (0..n).filter(|&p| p != me) {
+                let theirs = &mut all[p * len..(p + 1) * len];
+                match self.coll_recv(c, p as u32, t, bytemuck::cast_slice_mut(theirs)) {
+                    Ok(()) => {}
+                    Err(e @ P2pError::CollectiveMismatch(_)) => {
+                        broken.get_or_insert(e);
+                    }
+                    Err(e) => {
+                        res = Err(e);
+                        break;
+                    }
+                }
+            }
+        }
+        if res.is_ok() {
+            res = self.wait_all_ids(&sends);
+        }
+        // Nothing the engine holds may outlive `data`.
+        for id in sends {
+            if res.is_err() || !self.eng.reqs.get(id).is_some_and(Req::is_done) {
+                self.release(id);
+            } else if let Err(e) = self.eng.finish(id) {
+                res = res.and(Err(e));
+            }
+        }
+        res?;
+        if let Some(e) = broken {
+            return Err(e);
+        }
+        if len > 0 {
+            all[me * len..(me + 1) * len].copy_from_slice(data);
+            data.copy_from_slice(&all[..len]);
+            for theirs in all[len..].chunks_exact(len) {
+                fold(data, theirs)?;
+            }
+        }
+        Ok(())
+    }
+
     fn coll_send(&mut self, c: &Arc<CommInner>, dest: u32, tag: i32, data: &[u8]) -> Result<(), P2pError> {
         self.send_in(c, c.ctx + 1, dest, tag, data)
     }
@@ -249,7 +329,11 @@ impl<C: Channel> World<C> {
             return nc.barrier(c, self);
         }
         if self.flat(c)? {
-            return self.flat_gather_release::<u8>(c, tag(Kind::Barrier, 2, 0), &mut [], |_, _| Ok(()));
+            let t = tag(Kind::Barrier, 2, 0);
+            if EXCHANGE_RANKS.contains(&(c.ranks.len() as u32)) {
+                return self.flat_exchange::<u8>(c, t, &mut [], |_, _| Ok(()));
+            }
+            return self.flat_gather_release::<u8>(c, t, &mut [], |_, _| Ok(()));
         }
         self.disseminate(c, tag(Kind::Barrier, 0, 0), &mut [], |_, _| {})
     }
@@ -345,8 +429,13 @@ impl<C: Channel> World<C> {
             return Ok(());
         }
         if std::mem::size_of_val(data) <= FLAT_ALLREDUCE_MAX && self.flat(c)? {
-            // Rank 0 combines in rank order and sends every rank the same bits.
-            return self.flat_gather_release(c, t, data, |acc, theirs| Ok(T::combine(op, acc, theirs)?));
+            // Every rank combines in rank order (or rank 0 does, and sends every rank the
+            // result): the same bits everywhere.
+            let fold = |acc: &mut [T], theirs: &[T]| Ok(T::combine(op, acc, theirs)?);
+            if EXCHANGE_RANKS.contains(&(c.ranks.len() as u32)) {
+                return self.flat_exchange(c, t, data, fold);
+            }
+            return self.flat_gather_release(c, t, data, fold);
         }
         let (r, n) = (c.rank, c.ranks.len() as u32);
         let mut tmp = vec![T::zeroed(); data.len()];

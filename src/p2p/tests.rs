@@ -625,38 +625,79 @@ fn members_agree_on_flat_collectives_when_any_wants_them() {
     }
 }
 
+/// Among 3 and 4 ranks the flat forms are one exchange, every rank sending to every
+/// other before it receives: with every message by rendezvous, blocking sends would wait
+/// for each other in a circle.
+#[test]
+fn a_flat_exchange_by_rendezvous_completes() {
+    for n in [3, 4] {
+        job_with(
+            n,
+            Geometry::default(),
+            |c| {
+                c.node_collectives = false;
+                c.flat_collectives = Some(true);
+                c.eager_limit = 16;
+                c.net_eager_limit = 16;
+                c.medium_limit = 0;
+            },
+            |mut w| {
+                let c = w.comm();
+                let (r, n) = (w.rank(), w.size());
+                for round in 0..3u32 {
+                    let mut v = vec![r + round; 1024];
+                    w.allreduce(&c, &mut v, Op::Sum).unwrap();
+                    assert!(v.iter().all(|&x| x == n * (n - 1) / 2 + n * round));
+                    w.barrier(&c).unwrap();
+                }
+                assert!(w.send_counts().rendezvous >= 3 * (n as u64 - 1));
+            },
+        );
+    }
+}
+
 #[test]
 fn flat_collectives_that_do_not_match_fail_on_every_rank() {
-    let errs = job_with(
-        4,
-        Geometry::default(),
-        |c| {
-            c.node_collectives = false;
-            c.flat_collectives = Some(true);
-        },
-        |mut w| {
-            let c = w.comm();
-            let mut v = [1i32; 2];
-            // Rank 2 calls a barrier where the others reduce; rank 3 another operation.
-            let r = match w.rank() {
-                2 => w.barrier(&c),
-                3 => w.allreduce(&c, &mut v, Op::Max),
-                _ => w.allreduce(&c, &mut v, Op::Sum),
-            };
-            let e = r.unwrap_err();
-            assert!(matches!(e, P2pError::CollectiveMismatch(_)), "{e}");
-            // The pair goes on: the next collective that matches works.
-            w.barrier(&c).unwrap();
-            e.to_string()
-        },
-    );
-    assert!(errs[0].contains("rank 2"), "{errs:?}");
-    // Told by rank 0, or finding its answer the wrong length.
-    assert!(errs[1..].iter().all(|e| e.contains("rank 0")), "{errs:?}");
-    assert!(
-        errs[1].contains("rank 0 found that the members' calls differ"),
-        "{errs:?}"
-    );
+    // Among 4 ranks the flat forms are one exchange; among 6, gathered at rank 0.
+    for n in [4, 6] {
+        let errs = job_with(
+            n,
+            Geometry::default(),
+            |c| {
+                c.node_collectives = false;
+                c.flat_collectives = Some(true);
+            },
+            |mut w| {
+                let c = w.comm();
+                let mut v = [1i32; 2];
+                // Rank 2 calls a barrier where the others reduce; rank 3 another operation.
+                let r = match w.rank() {
+                    2 => w.barrier(&c),
+                    3 => w.allreduce(&c, &mut v, Op::Max),
+                    _ => w.allreduce(&c, &mut v, Op::Sum),
+                };
+                let e = r.unwrap_err();
+                assert!(matches!(e, P2pError::CollectiveMismatch(_)), "{e}");
+                // The pair goes on: the next collective that matches works.
+                w.barrier(&c).unwrap();
+                e.to_string()
+            },
+        );
+        assert!(errs[0].contains("rank 2"), "{errs:?}");
+        if n == 4 {
+            // Each finds the first rank, in rank order, whose message differs from its
+            // own call.
+            assert!(errs[1].contains("rank 2"), "{errs:?}");
+            assert!(errs[2..].iter().all(|e| e.contains("rank 0")), "{errs:?}");
+        } else {
+            // Told by rank 0, or finding its answer the wrong length.
+            assert!(errs[1..].iter().all(|e| e.contains("rank 0")), "{errs:?}");
+            assert!(
+                errs[1].contains("rank 0 found that the members' calls differ"),
+                "{errs:?}"
+            );
+        }
+    }
 }
 
 #[test]

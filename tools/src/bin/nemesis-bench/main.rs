@@ -1597,7 +1597,7 @@ fn coll(a: &CollArgs, json: bool) -> Result<()> {
             a.iters, a.rounds
         );
         println!(
-            "# node: through the node's shared blocks; messages: dissemination / recursive doubling, or gathered at rank 0 where the processes outnumber the CPUs (NEMESIS_FLAT_COLLECTIVES); fence: of a window in shared memory"
+            "# node: through the node's shared blocks; messages: dissemination / recursive doubling, or flat where the processes outnumber the CPUs (NEMESIS_FLAT_COLLECTIVES: one exchange among 3 or 4, gathered at rank 0 among 5 to 8); fence: of a window in shared memory"
         );
         println!(
             "# {:>5} {:>10} {:>9} {:>10} {:>10} {:>10}",
