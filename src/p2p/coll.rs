@@ -12,9 +12,9 @@
 //!
 //! *Flat*: every rank sends to rank 0, which answers each once it has heard from all;
 //! among 3 or 4 ranks, every rank sends to every other instead, and each combines what
-//! it heard in rank order. Where the node's processes outnumber its CPUs, each of a logarithmic algorithm's rounds
-//! waits for its peers to be scheduled; gathered at one rank, each process runs about
-//! twice. Among 8 processes on 2 CPUs a barrier took 6.3–6.6 µs that way against
+//! it heard in rank order. Where the node's processes outnumber its CPUs, each of a
+//! logarithmic algorithm's rounds waits for its peers to be scheduled; gathered at one
+//! rank, each process runs about twice. Among 8 processes on 2 CPUs a barrier took 6.3–6.6 µs that way against
 //! 11.5–12.3 by dissemination, an 8-byte allreduce 6.5 against 13.6–16.6
 //! (BENCHMARKS.md). Where each process has a CPU, the rounds are cheaper than rank 0's
 //! turn through every message. A communicator's members agree once, on its first
@@ -136,7 +136,23 @@ impl<C: Channel> World<C> {
         Ok(())
     }
 
-    /// The flat form: every other rank sends its `data` to rank 0 with tag `t`; rank 0
+    /// The flat form for `c`'s size: one exchange among [`EXCHANGE_RANKS`], else
+    /// gathered at rank 0.
+    fn flat_form<T: Pod>(
+        &mut self,
+        c: &Arc<CommInner>,
+        t: i32,
+        data: &mut [T],
+        fold: impl FnMut(&mut [T], &[T]) -> Result<(), P2pError>,
+    ) -> Result<(), P2pError> {
+        if EXCHANGE_RANKS.contains(&(c.ranks.len() as u32)) {
+            self.flat_exchange(c, t, data, fold)
+        } else {
+            self.flat_gather_release(c, t, data, fold)
+        }
+    }
+
+    /// The gathered form: every other rank sends its `data` to rank 0 with tag `t`; rank 0
     /// hands each rank's, in rank order, to `fold` with its own, then sends every rank
     /// the result, which lands in their `data`. A rank whose message does not match is
     /// reported at rank 0, which then releases the others with word of it, so that every
@@ -329,11 +345,7 @@ impl<C: Channel> World<C> {
             return nc.barrier(c, self);
         }
         if self.flat(c)? {
-            let t = tag(Kind::Barrier, 2, 0);
-            if EXCHANGE_RANKS.contains(&(c.ranks.len() as u32)) {
-                return self.flat_exchange::<u8>(c, t, &mut [], |_, _| Ok(()));
-            }
-            return self.flat_gather_release::<u8>(c, t, &mut [], |_, _| Ok(()));
+            return self.flat_form::<u8>(c, tag(Kind::Barrier, 2, 0), &mut [], |_, _| Ok(()));
         }
         self.disseminate(c, tag(Kind::Barrier, 0, 0), &mut [], |_, _| {})
     }
@@ -431,11 +443,7 @@ impl<C: Channel> World<C> {
         if std::mem::size_of_val(data) <= FLAT_ALLREDUCE_MAX && self.flat(c)? {
             // Every rank combines in rank order (or rank 0 does, and sends every rank the
             // result): the same bits everywhere.
-            let fold = |acc: &mut [T], theirs: &[T]| Ok(T::combine(op, acc, theirs)?);
-            if EXCHANGE_RANKS.contains(&(c.ranks.len() as u32)) {
-                return self.flat_exchange(c, t, data, fold);
-            }
-            return self.flat_gather_release(c, t, data, fold);
+            return self.flat_form(c, t, data, |acc, theirs| Ok(T::combine(op, acc, theirs)?));
         }
         let (r, n) = (c.rank, c.ranks.len() as u32);
         let mut tmp = vec![T::zeroed(); data.len()];

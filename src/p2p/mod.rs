@@ -217,8 +217,9 @@ pub const DEFAULT_STREAM_MEDIUM_LIMIT: usize = nemesis_lmt::policy::AUTO_CMA_MIN
 /// kernel (the default order on Intel CPUs, CMA permitted), the default is 0 instead: on
 /// the Intel Xeon guest (family 6, model 207) the rendezvous moved 1.2–1.8 times what
 /// the packets did from 48 to 128 KiB, and the choice by time, which took packets for a
-/// third to all of a 64 KiB stream's messages, moved 0.85 times what the rendezvous
-/// alone did at 64 KiB and 0.9 at 128 and 256 KiB (BENCHMARKS.md).
+/// third to all of a 64 KiB stream's messages, moved 0.85–0.96 times what the rendezvous
+/// alone did at 64 KiB, 0.90–0.96 at 128 KiB and 0.74–0.90 at 256 KiB, in turns in three
+/// runs (BENCHMARKS.md).
 pub const DEFAULT_STREAM_TUNE_LIMIT: usize = 512 << 10;
 
 /// Tunables, from the environment.
