@@ -103,11 +103,13 @@ fi
 if command -v mpicc.openmpi >/dev/null && command -v mpiexec.openmpi >/dev/null; then
     add_peer "openmpi$suffix" mpicc.openmpi mpiexec.openmpi --allow-run-as-root --oversubscribe -n 2 \
         --bind-to core --mca pml ob1 --mca btl "$btl"
-    # Barrier and allreduce among more ranks than CPUs: unbound, and Open MPI yields
-    # when idle under --oversubscribe. (MPICH's ranks busy-poll there, a barrier taking
-    # milliseconds, so they are not asked.)
+    # Barrier and allreduce among more ranks than CPUs: unbound, and told to yield when
+    # idle. Open MPI yields by itself only when the ranks outnumber the slots it counts,
+    # the machine's cores: where this script runs confined to fewer CPUs (taskset), its
+    # ranks would busy-poll, a barrier taking milliseconds. (MPICH's ranks busy-poll
+    # there, so they are not asked.)
     peers+=(--peer-coll "openmpi$suffix=mpiexec.openmpi --allow-run-as-root --oversubscribe --bind-to none \
--n {procs} --mca pml ob1 --mca btl $btl $PWD/$out/osu_peer.openmpi$suffix")
+-n {procs} --mca pml ob1 --mca btl $btl --mca mpi_yield_when_idle 1 $PWD/$out/osu_peer.openmpi$suffix")
 fi
 if [ -x "$ch3/bin/mpicc" ]; then
     if [ "$tcp" = 1 ]; then
