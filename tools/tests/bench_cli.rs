@@ -372,6 +372,18 @@ fn tables_without_json_and_help() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("probe ns"));
     let o = Command::new(BENCH).arg("--help").output().unwrap();
     assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("latency"));
+    // A bandwidth of empty messages has no ratio to memcpy's: a dash, not "NaN".
+    let o = Command::new(BENCH)
+        .args(["bw", "--sizes", "0", "--iters", "10", "--rounds", "1"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let row = out.lines().find(|l| !l.starts_with('#')).expect("a row");
+    assert!(
+        !row.contains("NaN") && row.split_whitespace().any(|w| w == "-"),
+        "{row}"
+    );
 }
 
 #[test]
@@ -390,6 +402,17 @@ fn bad_arguments_are_refused() {
     ] {
         let o = Command::new(BENCH).args(args).output().unwrap();
         assert_eq!(o.status.code(), Some(2), "{args:?}");
+    }
+    // A size no machine here could hold is refused by name, before any buffer is
+    // asked for (it aborted in an allocation before).
+    for cmd in ["latency", "bw", "msgrate"] {
+        let o = Command::new(BENCH)
+            .args([cmd, "--sizes", "8,99999999999999"])
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{cmd}: {o:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("larger than 1G"), "{cmd}: {err}");
     }
     // Runs that cannot be made are errors that say why, not panics: the card as
     // executor where the netmod has no RDMA atomics; without the verbs feature (as these

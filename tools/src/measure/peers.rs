@@ -102,6 +102,16 @@ pub fn stream_warmup(iters: u64) -> u64 {
     (iters / 10).max(4)
 }
 
+/// Bytes a latency round at a large size aims to move each way.
+const LAT_ROUND_BYTES: u64 = 1 << 30;
+
+/// Timed round trips of a latency round at `size`: at most `iters`, and fewer for large
+/// messages, so that a round moves about 1 GiB each way, but at least 10 (or `iters`).
+/// Below 100 KiB the default 10,000 hold.
+pub fn lat_iters(size: usize, iters: u64) -> u64 {
+    (LAT_ROUND_BYTES / size.max(1) as u64).max(10).min(iters)
+}
+
 /// Timed windows of a bandwidth round at `size`: about 256 MB, at least one window.
 pub fn bw_iters(size: usize, window: u64) -> u64 {
     ((256u64 << 20) / (size.max(1) as u64 * window)).clamp(1, 200)
@@ -192,13 +202,8 @@ fn ours(pair: &mut Pair, test: Test, size: usize, plan: &Plan) -> Result<f64> {
     Ok(match test {
         Test::Latency => {
             let mut rtt = Vec::new();
-            pair.ping_pong_through(
-                super::Layer::P2p,
-                size,
-                plan.lat_iters,
-                plan.lat_iters / 10,
-                &mut rtt,
-            )?;
+            let iters = lat_iters(size, plan.lat_iters);
+            pair.ping_pong_through(super::Layer::P2p, size, iters, iters / 10, &mut rtt)?;
             let mut half: Vec<f64> = rtt.iter().map(|&t| clock.ns(t) / 2.0).collect();
             Summary::of(&mut half).map_or(0.0, |s| s.p50)
         }
@@ -260,7 +265,10 @@ pub fn round(pair: &mut Pair, peers: &[Peer], plan: &Plan, probe: &mut Vec<f64>)
             out.insert((*test, size, NEMESIS.to_string()), Figure { value, placement });
             // Each peer a size at a time, so that its figure has probes of its own.
             let rest = match test {
-                Test::Latency => format!("{} {}", plan.lat_iters, plan.lat_iters / 10),
+                Test::Latency => {
+                    let iters = lat_iters(size, plan.lat_iters);
+                    format!("{} {}", iters, iters / 10)
+                }
                 Test::Bandwidth => format!("{} {}", plan.window, bw_iters(size, plan.window)),
                 Test::Rate => format!("{} {}", plan.window, plan.rate_iters),
                 Test::Barrier | Test::Allreduce => unreachable!("collectives are measured apart"),
@@ -463,6 +471,15 @@ pub fn matched_ratio(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn latency_rounds_shrink_for_large_messages_only() {
+        assert_eq!(lat_iters(0, 10_000), 10_000);
+        assert_eq!(lat_iters(64 << 10, 10_000), 10_000);
+        assert_eq!(lat_iters(1 << 20, 10_000), 1024);
+        assert_eq!(lat_iters(1 << 30, 10_000), 10, "at least 10");
+        assert_eq!(lat_iters(1 << 30, 3), 3, "never more than asked");
+    }
 
     #[test]
     fn fields_of_a_peer_line() {

@@ -381,7 +381,8 @@ struct PeersArgs {
     /// Message rate sizes, or "none".
     #[arg(long, value_parser = size_list, default_value = "8,64")]
     rate_sizes: SizeList,
-    /// Round trips per latency size and round.
+    /// Most round trips per latency size and round, for nemesis and the peers alike;
+    /// fewer for large messages, so that a round moves about 1 GiB each way (at least 10).
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(10..))]
     lat_iters: u64,
     /// Messages per window of the streaming tests.
@@ -599,10 +600,12 @@ struct LatencyArgs {
     /// Message sizes.
     #[arg(long, value_delimiter = ',', value_parser = size, default_value = "0,8,64,256,1K,4K")]
     sizes: Vec<usize>,
-    /// Timed round trips per round, for each of the channel and the probe.
+    /// Most timed round trips per round, for each of the channel and the probe; fewer
+    /// for large messages, so that a round moves about 1 GiB each way, but at least 10
+    /// (osu_latency, too, takes fewer of its large sizes).
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     iters: u64,
-    /// Untimed round trips before each round.
+    /// Most untimed round trips before each round, and no more than the timed ones.
     #[arg(long, default_value_t = 1_000)]
     warmup: u64,
     /// Rounds, alternating probe and channel.
@@ -993,7 +996,7 @@ fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Result<()> {
                     print!(
                         "{size:>9} {transport:>9} {name:>9} {used:>16} {:>7} {mb:>10.0} {memcpy:>12.0} {:>6.2} {probe_ns:>9.0}",
                         bufs.name(),
-                        mb / memcpy
+                        Ratio(mb / memcpy)
                     );
                     match tcp {
                         Some(tcp) => print!(" {tcp:>10.0} {:>6.2}", mb / tcp),
@@ -1037,10 +1040,11 @@ struct RateRest {
     /// Messages per window.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
     window: u64,
-    /// Timed windows per round.
+    /// Most timed windows per round; fewer above 2 KiB, so that a round moves about
+    /// 256 MiB, as in bw (a message rate is for small messages).
     #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(1..))]
     iters: u64,
-    /// Untimed windows before each round.
+    /// Most untimed windows before each round, and no more than the timed ones.
     #[arg(long, default_value_t = 100)]
     warmup: u64,
     /// Rounds; the median is reported.
@@ -1164,10 +1168,32 @@ fn udp_peer_list(s: &str) -> Result<CountList, String> {
     }
 }
 
+/// The largest message size the benchmarks take: each side holds at least one buffer
+/// this long, and a larger one is more likely a slip than a measurement.
+const MAX_SIZE: u64 = 1 << 30;
+
 fn size(s: &str) -> Result<usize, String> {
-    nemesis::shm::config::parse_size(s)
-        .and_then(|n| usize::try_from(n).ok())
-        .ok_or_else(|| format!("{s:?} is not a size (examples: 0, 64, 4K, 1M)"))
+    let n = nemesis::shm::config::parse_size(s)
+        .ok_or_else(|| format!("{s:?} is not a size (examples: 0, 64, 4K, 1M)"))?;
+    if n > MAX_SIZE {
+        return Err(format!(
+            "{s:?} is larger than 1G, the largest message size nemesis-bench measures"
+        ));
+    }
+    usize::try_from(n).map_err(|_| format!("{s:?} does not fit this machine's address space"))
+}
+
+/// A ratio for a table: "-" where it has no value (a bandwidth of 0-byte messages).
+struct Ratio(f64);
+
+impl std::fmt::Display for Ratio {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.is_finite() {
+            std::fmt::Display::fmt(&self.0, f)
+        } else {
+            f.pad("-")
+        }
+    }
 }
 
 /// A flat JSON object, built in order.
@@ -1298,15 +1324,17 @@ fn latency(pairs: &mut [Pair], a: &LatencyArgs, json: bool) -> Result<()> {
                 let pair = &mut pairs[k];
                 let t = pair.transport().name();
                 progress(&format!("latency {size} B {t}: round {}/{}", r + 1, a.rounds));
+                let iters = measure::peers::lat_iters(size, a.iters);
+                let warmup = a.warmup.min(iters);
                 pair.probe(a.iters, a.warmup, &mut probe[k])?;
-                pair.ping_pong_through(a.layer.layer(), size, a.iters, a.warmup, &mut lat[k])?;
+                pair.ping_pong_through(a.layer.layer(), size, iters, warmup, &mut lat[k])?;
                 if p2p {
-                    pair.ping_pong(size, a.iters, a.warmup, &mut chan[k])?;
+                    pair.ping_pong(size, iters, warmup, &mut chan[k])?;
                 }
                 pair.floor(a.iters, a.warmup, &mut floor[k])?;
                 if pair.transport() != Transport::Shm {
-                    pair.tcp_ping_pong(size, a.iters, a.warmup, false, &mut tcp[k])?;
-                    pair.tcp_ping_pong(size, a.iters, a.warmup, true, &mut spin[k])?;
+                    pair.tcp_ping_pong(size, iters, warmup, false, &mut tcp[k])?;
+                    pair.tcp_ping_pong(size, iters, warmup, true, &mut spin[k])?;
                 }
             }
         }
@@ -1474,18 +1502,20 @@ fn msgrate(pair: &mut Pair, a: &RateArgs, json: bool) -> Result<()> {
     let clock = pair.clock();
     for &size in &a.sizes {
         let (mut p2p_secs, mut chan_secs, mut probe) = (Vec::new(), Vec::new(), Vec::new());
+        let iters = (BW_ROUND_BYTES / (size.max(1) as u64 * r.window)).clamp(1, r.iters);
+        let warmup = r.warmup.min(iters);
         for round in 0..r.rounds {
             progress(&format!("msgrate {size} B: round {}/{}", round + 1, r.rounds));
             let mut rtt = Vec::new();
             pair.probe(2_000, 200, &mut rtt)?;
             probe.push(median(rtt.iter().map(|&t| clock.ns(t) / 2.0).collect()));
             if p2p {
-                p2p_secs.push(pair.stream_p2p(StreamPlan::new(size, r.window, r.iters, r.warmup))?);
+                p2p_secs.push(pair.stream_p2p(StreamPlan::new(size, r.window, iters, warmup))?);
             }
-            chan_secs.push(pair.stream(size, r.window, r.iters, r.warmup)?);
+            chan_secs.push(pair.stream(size, r.window, iters, warmup)?);
         }
         progress_done();
-        let msgs = (r.window * r.iters) as f64;
+        let msgs = (r.window * iters) as f64;
         let chan = msgs / median(chan_secs);
         let probe_ns = median(probe);
         if p2p {
