@@ -140,7 +140,7 @@ pub fn signal_name(sig: i32) -> &'static str {
 
 /// Why a job could not be started.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot start {program:?} as rank {rank}: {source}")]
+#[error("cannot start {program:?} as rank {rank}: {source}{}", limit_hint(.source))]
 pub struct LaunchError {
     /// The program.
     pub program: OsString,
@@ -149,6 +149,16 @@ pub struct LaunchError {
     /// The error.
     #[source]
     pub source: io::Error,
+}
+
+/// What to change when a start failed on a per-user limit rather than on the program.
+fn limit_hint(e: &io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc::EMFILE) => " (each rank holds descriptors here: raise `ulimit -n`, or start fewer ranks)",
+        Some(libc::ENFILE) => " (the system's table of open files is full: start fewer ranks)",
+        Some(libc::EAGAIN) => " (the process limit was reached: raise `ulimit -u`, or start fewer ranks)",
+        _ => "",
+    }
 }
 
 #[derive(Debug)]
@@ -677,6 +687,30 @@ mod tests {
                 self_rank: None,
             },
         }
+    }
+
+    #[test]
+    fn a_start_that_hit_a_limit_says_which() {
+        let e = |errno| LaunchError {
+            program: "true".into(),
+            rank: 3,
+            source: io::Error::from_raw_os_error(errno),
+        };
+        assert!(
+            e(libc::EMFILE).to_string().contains("ulimit -n"),
+            "{}",
+            e(libc::EMFILE)
+        );
+        assert!(
+            e(libc::EAGAIN).to_string().contains("ulimit -u"),
+            "{}",
+            e(libc::EAGAIN)
+        );
+        let plain = e(libc::ENOENT).to_string();
+        assert!(
+            plain.starts_with("cannot start \"true\" as rank 3: ") && !plain.contains("ulimit"),
+            "{plain}"
+        );
     }
 
     fn quick() -> Watch {
