@@ -29,7 +29,7 @@ move about (near/far placement) the ratio is the comparable figure.
 With no subcommand it prints the latency and bandwidth tables. --json prints one JSON
 object per line instead of tables.
 
-Sizes accept K, M and G suffixes (binary). Messages larger than one packet (see
+Sizes accept K, M and G suffixes (binary), up to 1G. Messages larger than one packet (see
 NEMESIS_CELL_SIZE) are sent as several packets.";
 
 /// Measure nemesis: latency, bandwidth, message rate, oversubscription and memory.
