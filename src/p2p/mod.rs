@@ -37,6 +37,26 @@
 //!
 //! No message is lost or corrupted, and nothing touches a buffer after its request or
 //! scope has let it go.
+//!
+//! # How a message travels, and where that lives
+//!
+//! - **Eager**: up to the largest packet to the peer, in one packet, matched on arrival
+//!   or kept in the unexpected queue (`world/start.rs`, `matching.rs`).
+//! - **Through the pair buffer**: within the node, a message above 2 KiB that answers
+//!   its peer's last one, written into the buffer the two processes share, without a
+//!   handshake (`world/start.rs`, `medium.rs`).
+//! - **Medium**: within the node, up to the medium limit, a run of packets (MEDIUM, then
+//!   MDATA) assembled per source (`medium.rs`); a stream's longer messages go this way
+//!   or by rendezvous, whichever moved more lately (`stream_way.rs`).
+//! - **Rendezvous**: anything longer, announced (RTS), accepted (CTS) with a
+//!   large-message strategy of the LMT, moved, and acknowledged (DONE) (`rndv.rs`).
+//!
+//! The engine (`engine.rs`) owns the requests (`requests.rs`) and turns packets into
+//! their progress. A [`World`] drives it: `world/wait.rs` is how a blocked call waits,
+//! `world/blocking.rs` the blocking calls, and `world/fresh.rs` a blocked receive that
+//! matches packets as they arrive, before they are queued. Requests made in a [`Scope`]
+//! (`scope.rs`) or owned (`owned.rs`) lend their buffers to the engine; collectives
+//! (`coll.rs`, `node.rs`) are built on the same calls.
 
 mod coll;
 mod comm;
