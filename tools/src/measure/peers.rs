@@ -114,7 +114,14 @@ pub fn lat_iters(size: usize, iters: u64) -> u64 {
 
 /// Timed windows of a bandwidth round at `size`: about 256 MB, at least one window.
 pub fn bw_iters(size: usize, window: u64) -> u64 {
-    ((256u64 << 20) / (size.max(1) as u64 * window)).clamp(1, 200)
+    stream_windows(size, window, 200)
+}
+
+/// Timed windows of `window` messages of `size` bytes in a streaming round: at most
+/// `most`, and fewer for large messages, so that a round moves about 256 MiB, but at
+/// least one.
+pub fn stream_windows(size: usize, window: u64, most: u64) -> u64 {
+    ((256u64 << 20) / (size.max(1) as u64 * window)).clamp(1, most.max(1))
 }
 
 /// A probe below this many ns one way says the pair's two CPUs share a cache ("near");
@@ -479,6 +486,14 @@ mod tests {
         assert_eq!(lat_iters(1 << 20, 10_000), 1024);
         assert_eq!(lat_iters(1 << 30, 10_000), 10, "at least 10");
         assert_eq!(lat_iters(1 << 30, 3), 3, "never more than asked");
+    }
+
+    #[test]
+    fn streaming_rounds_move_about_256_mib() {
+        assert_eq!(stream_windows(8, 64, 2000), 2000, "small messages take all asked");
+        assert_eq!(stream_windows(1 << 20, 64, 2000), 4);
+        assert_eq!(stream_windows(16 << 20, 64, 200), 1, "at least one window");
+        assert_eq!(bw_iters(64 << 10, 64), 64);
     }
 
     #[test]

@@ -193,7 +193,7 @@ pub(crate) fn calibrate(a: &CalibrateArgs, json: bool) -> Result<()> {
 /// `NEMESIS_STREAM_MEDIUM_LIMIT` that follows: the largest size measured below which
 /// the rendezvous wins at every larger size, by the geometric mean over the two receive
 /// shapes of its bandwidth over the packets'.
-pub(crate) fn stream_limit(
+fn stream_limit(
     a: &CalibrateArgs,
     mut secs: std::collections::BTreeMap<(usize, bool, usize), Vec<f64>>,
     json: bool,
@@ -265,10 +265,7 @@ pub(crate) fn stream_limit(
 /// fraction of the best per strategy)`, sizes ascending): a band starts at each size
 /// whose best named strategy differs from the one before, and each band's order ranks
 /// the strategies by their scores over its sizes. Chunks, the fallback, is never named.
-pub(crate) fn lmt_bands(
-    strategies: &[nemesis::lmt::Strategy],
-    mut by_size: Vec<(usize, Vec<f64>)>,
-) -> Option<String> {
+fn lmt_bands(strategies: &[nemesis::lmt::Strategy], mut by_size: Vec<(usize, Vec<f64>)>) -> Option<String> {
     use nemesis::lmt::Strategy;
     use nemesis::lmt::{AutoBands, AutoOrder};
     by_size.sort_by_key(|(s, _)| *s);

@@ -91,6 +91,8 @@ pub(crate) fn latency(pairs: &mut [Pair], a: &LatencyArgs, json: bool) -> Result
         println!("  placement");
     }
     for &size in &a.sizes {
+        let iters = measure::peers::lat_iters(size, a.iters);
+        let warmup = a.warmup.min(iters);
         let n = pairs.len();
         let (mut lat, mut probe, mut floor, mut chan, mut tcp, mut spin) = (
             vec![Vec::new(); n],
@@ -106,8 +108,6 @@ pub(crate) fn latency(pairs: &mut [Pair], a: &LatencyArgs, json: bool) -> Result
                 let pair = &mut pairs[k];
                 let t = pair.transport().name();
                 progress(&format!("latency {size} B {t}: round {}/{}", r + 1, a.rounds));
-                let iters = measure::peers::lat_iters(size, a.iters);
-                let warmup = a.warmup.min(iters);
                 pair.probe(a.iters, a.warmup, &mut probe[k])?;
                 pair.ping_pong_through(a.layer.layer(), size, iters, warmup, &mut lat[k])?;
                 if p2p {

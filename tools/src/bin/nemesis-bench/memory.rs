@@ -36,7 +36,7 @@ pub(crate) struct MemoryArgs {
 #[derive(Debug, Clone)]
 pub(crate) struct CountList(Vec<u32>);
 
-pub(crate) fn udp_peer_list(s: &str) -> Result<CountList, String> {
+fn udp_peer_list(s: &str) -> Result<CountList, String> {
     match s.trim() {
         "" | "none" => Ok(CountList(Vec::new())),
         list => list
@@ -96,7 +96,7 @@ pub(crate) fn memory(a: &MemoryArgs, json: bool) -> Result<()> {
 
 /// The memory the ud netmod keeps per peer, on the verbs device.
 #[cfg(not(feature = "verbs"))]
-pub(crate) fn ud_memory(a: &MemoryArgs, _json: bool) -> Result<()> {
+fn ud_memory(a: &MemoryArgs, _json: bool) -> Result<()> {
     if !a.ud_peers.is_empty() || !a.rc_peers.is_empty() {
         anyhow::bail!("--ud-peers, --rc-peers: this nemesis-bench was built without the `verbs` feature");
     }
@@ -105,7 +105,7 @@ pub(crate) fn ud_memory(a: &MemoryArgs, _json: bool) -> Result<()> {
 
 /// The memory the ud netmod keeps per peer, from [`measure::ud_memory`].
 #[cfg(feature = "verbs")]
-pub(crate) fn ud_memory(a: &MemoryArgs, json: bool) -> Result<()> {
+fn ud_memory(a: &MemoryArgs, json: bool) -> Result<()> {
     if a.ud_peers.is_empty() && a.rc_peers.is_empty() {
         return Ok(());
     }
@@ -157,7 +157,7 @@ pub(crate) fn ud_memory(a: &MemoryArgs, json: bool) -> Result<()> {
 
 /// The heap the udp layer keeps per peer, from [`measure::udp_memory`] weighed by this
 /// binary's counting allocator.
-pub(crate) fn udp_memory(a: &MemoryArgs, json: bool) -> Result<()> {
+fn udp_memory(a: &MemoryArgs, json: bool) -> Result<()> {
     if a.udp_peers.0.is_empty() {
         return Ok(());
     }
@@ -203,7 +203,7 @@ pub(crate) fn udp_memory(a: &MemoryArgs, json: bool) -> Result<()> {
 /// A global allocator that counts live bytes, so `memory` can weigh what a structure
 /// holds. Two relaxed atomic operations per allocation; nothing measured for speed
 /// allocates in its timed loop.
-pub(crate) mod counting {
+mod counting {
     use std::alloc::{GlobalAlloc, Layout, System};
     use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -60,7 +60,7 @@ pub(crate) struct PeersArgs {
     pub(crate) retries: u32,
 }
 
-pub(crate) fn peer_arg(s: &str) -> Result<measure::peers::Peer, String> {
+fn peer_arg(s: &str) -> Result<measure::peers::Peer, String> {
     match s.split_once('=') {
         Some((name, command)) if !name.trim().is_empty() && !command.trim().is_empty() => {
             if name.trim() == measure::peers::NEMESIS {

@@ -89,7 +89,7 @@ pub(crate) struct BwArgs {
     pub(crate) recv_skew: u16,
 }
 
-pub(crate) fn buf_kind(s: &str) -> Result<measure::BufKind, String> {
+fn buf_kind(s: &str) -> Result<measure::BufKind, String> {
     match s.trim() {
         "heap" => Ok(measure::BufKind::Heap),
         "pinned" => Ok(measure::BufKind::Pinned),
@@ -97,11 +97,12 @@ pub(crate) fn buf_kind(s: &str) -> Result<measure::BufKind, String> {
     }
 }
 
-/// Bytes a bandwidth round aims to move.
-pub(crate) const BW_ROUND_BYTES: u64 = 256 << 20;
+/// Bytes the memcpy figure beside a bandwidth round moves, as much as the round
+/// ([`measure::peers::stream_windows`]).
+const BW_ROUND_BYTES: u64 = 256 << 20;
 
 /// Adds the sends of one run to those of the runs before, every count.
-pub(crate) fn add_counts(to: &mut nemesis::SendCounts, c: nemesis::SendCounts) {
+fn add_counts(to: &mut nemesis::SendCounts, c: nemesis::SendCounts) {
     let nemesis::SendCounts {
         paired,
         paired_short,
@@ -124,7 +125,7 @@ pub(crate) fn add_counts(to: &mut nemesis::SendCounts, c: nemesis::SendCounts) {
 /// `eager`, `medium` (runs of packets or the pair buffer), the rendezvous `strategy`,
 /// or `medium+` the strategy where it took both (a stream's way chosen by time, or
 /// packets while the cells had room). A strategy forced (not `auto`) is named.
-pub(crate) fn used_by(
+fn used_by(
     size: usize,
     eager: usize,
     medium: usize,
@@ -146,7 +147,7 @@ pub(crate) fn used_by(
 
 /// Single-thread memcpy bandwidth for `size`-byte copies between two buffers that are
 /// reused, as the benchmark's own buffers are: MB/s (10^6 bytes a second).
-pub(crate) fn memcpy_mb_s(size: usize) -> f64 {
+fn memcpy_mb_s(size: usize) -> f64 {
     let mut src = measure::PageAligned::new(size.max(1));
     src.fill(0x5a);
     let mut dst = measure::PageAligned::new(size.max(1));
@@ -160,7 +161,7 @@ pub(crate) fn memcpy_mb_s(size: usize) -> f64 {
     (reps * size as u64) as f64 / t.elapsed().as_secs_f64() / 1e6
 }
 
-pub(crate) fn strategy_arg(name: &str) -> Result<Option<nemesis::lmt::Strategy>> {
+fn strategy_arg(name: &str) -> Result<Option<nemesis::lmt::Strategy>> {
     match name.trim().to_ascii_lowercase().as_str() {
         "auto" => Ok(None),
         n => nemesis::lmt::Strategy::ALL
@@ -263,7 +264,7 @@ pub(crate) fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Resul
         })
         .collect();
     for &size in &a.sizes {
-        let iters = (BW_ROUND_BYTES / (size.max(1) as u64 * a.window)).clamp(1, a.iters);
+        let iters = measure::peers::stream_windows(size, a.window, a.iters);
         let warmup = a.warmup.min(iters);
         let mut secs: Vec<Vec<Vec<f64>>> = plans.iter().map(|l| vec![Vec::new(); l.len()]).collect();
         let mut sent: Vec<Vec<nemesis::SendCounts>> =
@@ -404,7 +405,7 @@ pub(crate) struct RateRest {
 
 /// Streams `rounds` times and returns the median seconds of the timed windows.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn stream_median(
+fn stream_median(
     pair: &mut Pair,
     what: &str,
     size: usize,
@@ -432,8 +433,8 @@ pub(crate) fn bandwidth(pair: &mut Pair, a: &StreamArgs, json: bool) -> Result<(
         println!("# {:>7} {:>10}", "size", "MB/s");
     }
     for &size in &a.sizes {
-        // Large sizes get fewer windows, so a round moves about BW_ROUND_BYTES.
-        let iters = (BW_ROUND_BYTES / (size.max(1) as u64 * a.window)).clamp(1, a.iters);
+        // Large sizes get fewer windows, so a round moves about 256 MiB.
+        let iters = measure::peers::stream_windows(size, a.window, a.iters);
         let s = stream_median(pair, "bw", size, a.window, iters, a.warmup.min(iters), a.rounds)?;
         let bytes = (size as u64 * a.window * iters) as f64;
         let mb = bytes / s / 1e6;
@@ -473,7 +474,7 @@ pub(crate) fn msgrate(pair: &mut Pair, a: &RateArgs, json: bool) -> Result<()> {
     let clock = pair.clock();
     for &size in &a.sizes {
         let (mut p2p_secs, mut chan_secs, mut probe) = (Vec::new(), Vec::new(), Vec::new());
-        let iters = (BW_ROUND_BYTES / (size.max(1) as u64 * r.window)).clamp(1, r.iters);
+        let iters = measure::peers::stream_windows(size, r.window, r.iters);
         let warmup = r.warmup.min(iters);
         for round in 0..r.rounds {
             progress(&format!("msgrate {size} B: round {}/{}", round + 1, r.rounds));
