@@ -21,10 +21,15 @@ fn dies_when() -> (usize, Duration) {
 /// milliseconds (5 by default) after starting it.
 pub fn dies_mid_transfer() -> Result<(), String> {
     let (len, after) = dies_when();
+    // Written before the job starts, on each rank, as the sender's data or the
+    // receiver's buffer: filled later, 64 MiB kept the sender from answering its
+    // peer's first connection request within a short NEMESIS_NET_TIMEOUT in an
+    // emulated VM.
+    let mut buf = vec![7u8; len];
     let mut w = nemesis::init().map_err(|e| e.to_string())?;
     let c = w.comm();
     if w.rank() == 0 {
-        let data = vec![7u8; len];
+        let data = buf;
         let mut go = [0u8; 1];
         w.recv(&c, 1, 9, &mut go).map_err(|e| e.to_string())?;
         w.scope(|s| {
@@ -42,7 +47,6 @@ pub fn dies_mid_transfer() -> Result<(), String> {
     }
     // From the sender's death, which comes `after` the wait begins at the earliest.
     let limit = w.config().failure_check * 5 + Duration::from_secs(2) + after;
-    let mut buf = vec![0u8; len];
     w.scope(|s| {
         let r = s.irecv(&c, 0, 1, &mut buf).map_err(|e| e.to_string())?;
         s.world().send(&c, 0, 9, &[1]).map_err(|e| e.to_string())?;
@@ -77,10 +81,11 @@ pub fn dies_mid_transfer() -> Result<(), String> {
 /// receiver's memory (`cma-put`, `cma-split`).
 pub fn receiver_dies_mid_transfer() -> Result<(), String> {
     let (len, after) = dies_when();
+    // Written before the job starts, as in `dies_mid_transfer`.
+    let mut buf = vec![7u8; len];
     let mut w = nemesis::init().map_err(|e| e.to_string())?;
     let c = w.comm();
     if w.rank() == 1 {
-        let mut buf = vec![0u8; len];
         w.scope(|s| {
             let mut r = s.irecv(&c, 0, 1, &mut buf).map_err(|e| e.to_string())?;
             s.world().send(&c, 0, 9, &[1]).map_err(|e| e.to_string())?;
@@ -96,7 +101,7 @@ pub fn receiver_dies_mid_transfer() -> Result<(), String> {
         return Ok(());
     }
     let limit = w.config().failure_check * 5 + Duration::from_secs(2) + after;
-    let data = vec![7u8; len];
+    let data = buf;
     let mut go = [0u8; 1];
     w.scope(|s| {
         let r = s.isend(&c, 1, 1, &data).map_err(|e| e.to_string())?;
