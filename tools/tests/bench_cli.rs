@@ -49,6 +49,46 @@ fn latency_json_carries_the_documented_fields() {
     }
 }
 
+/// `--near-below` moves the bound between the placements: every probe takes at least
+/// a nanosecond and none takes a millisecond.
+#[test]
+fn the_placement_bound_is_the_callers() {
+    for (bound, want) in [("1", "far"), ("1000000", "near")] {
+        let lines = json_lines(&[
+            "--near-below",
+            bound,
+            "latency",
+            "--sizes",
+            "8",
+            "--iters",
+            "100",
+            "--warmup",
+            "10",
+            "--rounds",
+            "2",
+            "--json",
+        ]);
+        for l in &lines {
+            assert!(
+                l.contains(&format!("\"placement\":\"{want}\"")),
+                "--near-below {bound}: {l}"
+            );
+        }
+    }
+    for bad in ["0", "x", "NaN", "inf"] {
+        let o = Command::new(BENCH)
+            .args(["latency", "--near-below", bad])
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "--near-below {bad}");
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("is not a time in ns above zero"),
+            "--near-below {bad}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}
+
 #[test]
 fn stream_ring_and_memory_json() {
     has(

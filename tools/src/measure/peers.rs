@@ -5,6 +5,7 @@
 use super::{MeasureError, Pair, Result, StreamPlan, Summary};
 use std::collections::BTreeMap;
 use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// One of the three measurements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -124,10 +125,26 @@ pub fn stream_windows(size: usize, window: u64, most: u64) -> u64 {
     ((256u64 << 20) / (size.max(1) as u64 * window)).clamp(1, most.max(1))
 }
 
-/// A probe below this many ns one way says the pair's two CPUs share a cache ("near");
-/// the machines this was built on show ~25-50 ns then and ~160-235 ns when they do not
-/// ("far"), and nothing between.
-pub const NEAR_BELOW_NS: f64 = 80.0;
+/// A probe below this many ns one way says the pair's two CPUs share a cache ("near"),
+/// by default. The AMD guests show 25-55 ns then and 160-240 ns when they do not
+/// ("far"), and nothing between; an Intel guest whose CPUs all share one cache showed
+/// 45-110 ns, one placement, which a bound below that split in two.
+pub const NEAR_BELOW_NS: f64 = 130.0;
+
+/// The bound in use, in ns (an `f64`'s bits): [`NEAR_BELOW_NS`] unless
+/// [`set_near_below_ns`] changed it.
+static NEAR_BELOW: AtomicU64 = AtomicU64::new(NEAR_BELOW_NS.to_bits());
+
+/// Sets the probe's bound between near and far for this process (`nemesis-bench
+/// --near-below`), for a machine whose placements fall elsewhere.
+pub fn set_near_below_ns(ns: f64) {
+    NEAR_BELOW.store(ns.to_bits(), Ordering::Relaxed);
+}
+
+/// The probe's bound between near and far in use, in ns.
+pub fn near_below_ns() -> f64 {
+    f64::from_bits(NEAR_BELOW.load(Ordering::Relaxed))
+}
 
 /// Where the pair's two CPUs sat, by the placement probe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,7 +158,7 @@ pub enum Placement {
 impl Placement {
     /// The placement a probe of `ns` one way shows.
     pub fn of_probe(ns: f64) -> Self {
-        if ns < NEAR_BELOW_NS {
+        if ns < near_below_ns() {
             Placement::Near
         } else {
             Placement::Far

@@ -40,6 +40,14 @@ struct Cli {
     #[arg(long, global = true)]
     json: bool,
 
+    /// The cache-line probe's one-way time, in ns, below which a pair's CPUs count as
+    /// sharing a cache ("near") and at or above which as not ("far"). The default fits
+    /// the AMD guests (25-55 ns near, 160-240 far) and an Intel guest whose CPUs share
+    /// one cache (45-110 ns, all near).
+    #[arg(long, global = true, value_name = "NS", default_value_t = measure::peers::NEAR_BELOW_NS,
+          value_parser = near_below)]
+    near_below: f64,
+
     #[command(subcommand)]
     cmd: Option<Cmd>,
 }
@@ -510,9 +518,18 @@ impl<T: Args> Defaults for T {
     }
 }
 
+/// `--near-below`: a time in ns above zero.
+fn near_below(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(ns) if ns.is_finite() && ns > 0.0 => Ok(ns),
+        _ => Err(format!("\"{s}\" is not a time in ns above zero")),
+    }
+}
+
 fn main() {
     measure::serve_if_partner();
     let cli = Cli::parse();
+    measure::peers::set_near_below_ns(cli.near_below);
     if let Err(e) = run(cli) {
         eprintln!("nemesis-bench: {e:#}");
         std::process::exit(1);
