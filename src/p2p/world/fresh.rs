@@ -92,6 +92,17 @@ impl Fresh<'_> {
             && (self.tag == FRESH_ANY_TAG || self.tag == h.tag)
     }
 
+    /// Finds the medium message under way once all of it is in the buffer.
+    #[inline(always)]
+    fn take_whole(&mut self) {
+        if let Some(a) = self.arriving
+            && a.got == a.total
+        {
+            self.found = Some(a.found());
+            self.arriving = None;
+        }
+    }
+
     /// Has an eager message that is still arriving written straight into the buffer if
     /// it is the first that matches and fits; says whether it was. Only for a receive
     /// that names the source: a landing that gives up has written part of the buffer,
@@ -125,16 +136,7 @@ impl Fresh<'_> {
                 return;
             }
             self.arriving = medium_next(eng, a, &mut *self.buf, p);
-            if let Some(a) = self.arriving
-                && a.got == a.total
-            {
-                self.found = Some(Found::Eager {
-                    src: a.src,
-                    tag: a.tag,
-                    len: a.total,
-                });
-                self.arriving = None;
-            }
+            self.take_whole();
             return;
         }
         // A message the engine is taking from this source through the pair buffer comes
@@ -151,16 +153,7 @@ impl Fresh<'_> {
                 });
             } else if h.kind == MEDIUM {
                 self.arriving = medium_first(eng, &mut *self.buf, p);
-                if let Some(a) = &self.arriving
-                    && a.got == a.total
-                {
-                    self.found = Some(Found::Eager {
-                        src: a.src,
-                        tag: a.tag,
-                        len: a.total,
-                    });
-                    self.arriving = None;
-                }
+                self.take_whole();
             } else if let Some(rts) = eng.parse_rts(p.src, h.aux, p.payload) {
                 self.found = Some(Found::Rts {
                     src: p.src,
