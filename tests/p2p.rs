@@ -445,6 +445,23 @@ fn stress_with_every_message_through_rendezvous_and_no_node_collectives() {
     assert_ranks_said(&o, "messages checked", 3, "all by rendezvous");
 }
 
+#[test]
+fn stress_with_the_cells_of_a_larger_job() {
+    // Jobs of up to 5 processes get cells of 32 KiB; a larger job's 8 KiB cells carry
+    // the medium messages from 8 KiB up in several packets. The same paths, checked
+    // here with those cells among 3.
+    let dir = shm_dir("p2p-stress-cells");
+    let o = run(3, "stress", &dir)
+        .env("STRESS_SEED", "13")
+        .env("STRESS_ROUNDS", "12")
+        .env("NEMESIS_CELL_SIZE", "8320")
+        .output()
+        .unwrap();
+    assert_ranks_said(&o, "messages checked", 3, "cells of 8320 bytes");
+    assert!(leftovers(&dir).is_empty());
+    assert!(sent(&o, "medium_packets") > 0, "{}", text(&o));
+}
+
 /// The strategies that can run here, as `NEMESIS_LMT` names them.
 fn lmt_strategies() -> Vec<&'static str> {
     let mut v = vec!["chunks", "ring", "vmsplice"];

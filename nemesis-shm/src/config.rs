@@ -5,12 +5,26 @@ use std::path::PathBuf;
 
 /// Cells per process when `NEMESIS_CELLS` is unset.
 pub const DEFAULT_CELLS: u32 = 64;
-/// Bytes per cell, header included, when `NEMESIS_CELL_SIZE` is unset: 8 KiB of payload
+/// Bytes per cell, header included, when `NEMESIS_CELL_SIZE` is unset and the job is
+/// too large for [`SMALL_JOB_CELL_SIZE`]: 8 KiB of payload
 /// and the next multiple of 128 above it, so a message of 8 KiB goes in one packet and
 /// one of 16 or 32 KiB in two or four, not three or five. Against cells of 8192 bytes,
 /// osu_bw streams moved 5–17% more at 8 KiB and 3–11% more from 16 to 32 KiB on the
 /// Intel Xeon guest (BENCHMARKS.md), and a ring of fastboxes still takes a packet in 8 boxes.
 pub const DEFAULT_CELL_SIZE: u32 = 8320;
+/// Bytes per cell when `NEMESIS_CELL_SIZE` is unset and the cells' growth over
+/// [`DEFAULT_CELL_SIZE`] fits [`LARGE_CELL_BUDGET`]: 32 KiB of payload, so that a
+/// message of 16 or 32 KiB goes in one packet, as MPICH's Nemesis sends those in one of
+/// its cells. In six turns beside MPICH ch3:nemesis on an Intel Xeon guest, osu_bw
+/// moved 1.24x its rate at 16 KiB and 1.05x at 32 KiB with these cells, against 1.03x
+/// and 0.75x with cells of 8320 bytes; latency did not change (BENCHMARKS.md).
+pub const SMALL_JOB_CELL_SIZE: u32 = 32896;
+/// Most bytes by which the default cells may grow a segment over cells of
+/// [`DEFAULT_CELL_SIZE`]: with 64 cells a process, jobs of up to 5 processes on the
+/// node, so that a job that fitted a small `/dev/shm` still does.
+pub const LARGE_CELL_BUDGET: usize = 8 << 20;
+/// [`Geometry::cell_size`] when the number of processes decides it.
+pub const CELL_AUTO: u32 = 0;
 /// Bytes per fastbox, header included, when `NEMESIS_FBOX_SIZE` is unset: room for
 /// 1 KiB of payload.
 pub const DEFAULT_FBOX_SIZE: u32 = 1152;
@@ -65,7 +79,8 @@ pub const FBOX_RING_HEADER: u32 = 128;
 pub struct Geometry {
     /// Cells owned by each process (`NEMESIS_CELLS`).
     pub cells_per_proc: u32,
-    /// Bytes per cell, header included (`NEMESIS_CELL_SIZE`).
+    /// Bytes per cell, header included (`NEMESIS_CELL_SIZE`); [`CELL_AUTO`] lets
+    /// [`Geometry::resolve`] choose by the number of processes.
     pub cell_size: u32,
     /// Bytes per fastbox, header included, or 0 for no fastboxes (`NEMESIS_FBOX_SIZE`).
     pub fbox_size: u32,
@@ -82,7 +97,7 @@ impl Default for Geometry {
     fn default() -> Self {
         Self {
             cells_per_proc: DEFAULT_CELLS,
-            cell_size: DEFAULT_CELL_SIZE,
+            cell_size: CELL_AUTO,
             fbox_size: DEFAULT_FBOX_SIZE,
             fbox_slots: 0,
             pair_size: PAIR_AUTO,
@@ -126,11 +141,13 @@ impl Geometry {
                 "must be between 2 and 1048576",
             );
         }
-        if !(256..=16 << 20).contains(&self.cell_size) || self.cell_size % 128 != 0 {
+        if self.cell_size != CELL_AUTO
+            && (!(256..=16 << 20).contains(&self.cell_size) || self.cell_size % 128 != 0)
+        {
             return bad(
                 "NEMESIS_CELL_SIZE",
                 self.cell_size,
-                "must be a multiple of 128 between 256 and 16M",
+                "must be 0 (chosen by the number of processes) or a multiple of 128 between 256 and 16M",
             );
         }
         if self.fbox_size != 0 {
@@ -173,7 +190,19 @@ impl Geometry {
     /// The geometry with the number of fastbox slots decided for `nprocs` processes: the
     /// one asked for, or else [`DEFAULT_FBOX_SLOTS`] halved until the rings of every
     /// ordered pair fit [`FBOX_BUDGET`].
+    /// The cell size, too, is decided: the one asked for, or else
+    /// [`SMALL_JOB_CELL_SIZE`] where its growth fits [`LARGE_CELL_BUDGET`], else
+    /// [`DEFAULT_CELL_SIZE`].
     pub fn resolve(mut self, nprocs: u32) -> Self {
+        if self.cell_size == CELL_AUTO {
+            let growth = (SMALL_JOB_CELL_SIZE - DEFAULT_CELL_SIZE) as usize;
+            let cells = nprocs as usize * self.cells_per_proc as usize;
+            self.cell_size = if cells.saturating_mul(growth) <= LARGE_CELL_BUDGET {
+                SMALL_JOB_CELL_SIZE
+            } else {
+                DEFAULT_CELL_SIZE
+            };
+        }
         if self.fbox_slots == 0 {
             let pairs = nprocs as usize * (nprocs as usize).saturating_sub(1);
             let mut k = DEFAULT_FBOX_SLOTS;
@@ -218,9 +247,15 @@ impl Geometry {
         }
     }
 
-    /// Payload bytes of one cell.
+    /// Payload bytes of one cell, once [`Geometry::resolve`]d (before, with the size
+    /// left to it, those of the smaller size it may choose).
     pub fn cell_capacity(&self) -> usize {
-        (self.cell_size - CELL_HEADER) as usize
+        let size = if self.cell_size == CELL_AUTO {
+            DEFAULT_CELL_SIZE
+        } else {
+            self.cell_size
+        };
+        (size - CELL_HEADER) as usize
     }
 
     /// Bytes of one ordered pair's ring of fastboxes, once [`Geometry::resolve`]d: the
@@ -370,6 +405,31 @@ mod tests {
     }
 
     #[test]
+    fn cells_grow_for_small_jobs_and_a_size_asked_for_is_kept() {
+        let d = Geometry::default();
+        assert_eq!(d.cell_size, CELL_AUTO);
+        for n in 1..=5 {
+            assert_eq!(d.resolve(n).cell_size, SMALL_JOB_CELL_SIZE, "{n} processes");
+        }
+        for n in [6, 64, MAX_LOCAL_PROCS] {
+            assert_eq!(d.resolve(n).cell_size, DEFAULT_CELL_SIZE, "{n} processes");
+        }
+        // The budget counts cells, not processes: fewer cells each, more processes.
+        let few = Geometry::from_lookup(env(&[("NEMESIS_CELLS", "16")])).unwrap();
+        assert_eq!(few.resolve(21).cell_size, SMALL_JOB_CELL_SIZE);
+        assert_eq!(few.resolve(22).cell_size, DEFAULT_CELL_SIZE);
+        // A span of boxes holds a whole cell's payload, whichever size was chosen.
+        for n in [2, 5, 6] {
+            let g = d.resolve(n);
+            assert!(g.fbox_span_capacity() >= g.cell_capacity(), "{n} processes");
+        }
+        let set = Geometry::from_lookup(env(&[("NEMESIS_CELL_SIZE", "8320")])).unwrap();
+        assert_eq!(set.resolve(2).cell_size, 8320, "a size asked for is kept");
+        let zero = Geometry::from_lookup(env(&[("NEMESIS_CELL_SIZE", "0")])).unwrap();
+        assert_eq!(zero.resolve(2).cell_size, SMALL_JOB_CELL_SIZE, "0 chooses");
+    }
+
+    #[test]
     fn pair_buffers_default_by_process_count_and_can_be_set_or_turned_off() {
         let d = Geometry::default();
         assert_eq!(d.pair_size, PAIR_AUTO);
@@ -397,9 +457,11 @@ mod tests {
     fn fastbox_slots_default_by_process_count_and_can_be_set() {
         let d = Geometry::default();
         assert_eq!(d.resolve(2).fbox_slots, DEFAULT_FBOX_SLOTS);
-        // A ring of 256 boxes of 1152 bytes has room for 7 more after it, for a message
-        // of a cell's payload that starts in its last box: 296 KiB with its head.
-        assert_eq!(d.resolve(2).fbox_ring_bytes(), 128 + 263 * 1152);
+        // A ring of 256 boxes of 1152 bytes has room for 28 more after it, for a message
+        // of a cell's payload (32 KiB in a job this small) that starts in its last box:
+        // 320 KiB with its head; 7 more, 296 KiB, with cells of 8 KiB.
+        assert_eq!(d.resolve(2).fbox_ring_bytes(), 128 + 284 * 1152);
+        assert_eq!(d.resolve(6).fbox_ring_bytes(), 128 + 263 * 1152);
         assert_eq!(d.resolve(15).fbox_slots, 256);
         // 16 x 15 pairs of 296 KiB take 69 MiB.
         assert_eq!(d.resolve(16).fbox_slots, 128);

@@ -33,7 +33,8 @@ SIGHUP end the job the same way. No shared-memory file outlives the job.
 
 Environment read by the processes (see README.md):
   NEMESIS_CELLS            cells per process (default 64)
-  NEMESIS_CELL_SIZE        bytes per cell, header included (default 8320)
+  NEMESIS_CELL_SIZE        bytes per cell, header included (default 32896 up to 5
+                           processes on the node, 8320 from 6)
   NEMESIS_FBOX_SIZE        bytes per fastbox, header included; 0 = none (default 1152)
   NEMESIS_FBOX_SLOTS       fastboxes per ordered pair, a power of two up to 64 (default
                            64, fewer with many processes)

@@ -54,13 +54,19 @@ pub(crate) fn memory(a: &MemoryArgs, json: bool) -> Result<()> {
     let geo = Geometry::from_env()?;
     if !json {
         println!(
-            "# shared segment size: {} cells of {} B per process, fastboxes of {} B in a ring per ordered pair, \
+            "# shared segment size: {} cells per process ({}), fastboxes of {} B in a ring per ordered pair, \
              a buffer per unordered pair for medium messages",
-            geo.cells_per_proc, geo.cell_size, geo.fbox_size
+            geo.cells_per_proc,
+            if geo.cell_size == nemesis::shm::config::CELL_AUTO {
+                "cell size by the number of processes".to_string()
+            } else {
+                format!("{} B each", geo.cell_size)
+            },
+            geo.fbox_size
         );
         println!(
-            "# {:>5} {:>14} {:>11} {:>16} {:>12} {:>12}",
-            "procs", "segment", "MiB", "per process", "fbox slots", "pair buffer"
+            "# {:>5} {:>14} {:>11} {:>16} {:>8} {:>12} {:>12}",
+            "procs", "segment", "MiB", "per process", "cell", "fbox slots", "pair buffer"
         );
     }
     for &n in &a.procs {
@@ -74,17 +80,19 @@ pub(crate) fn memory(a: &MemoryArgs, json: bool) -> Result<()> {
                 .u("per_process_bytes", bytes / n as u64)
                 .u(
                     "cells_bytes_per_process",
-                    geo.cells_per_proc as u64 * geo.cell_size as u64,
+                    geo.cells_per_proc as u64 * resolved.cell_size as u64,
                 )
+                .u("cell_size", u64::from(resolved.cell_size))
                 .u("fastbox_slots", u64::from(resolved.fbox_slots))
                 .u("fastbox_bytes_per_pair", pair_bytes)
                 .u("pair_buffer_bytes", u64::from(resolved.pair_size))
                 .print();
         } else {
             println!(
-                "{n:>7} {bytes:>14} {:>11.1} {:>16} {:>12} {:>12}",
+                "{n:>7} {bytes:>14} {:>11.1} {:>16} {:>8} {:>12} {:>12}",
                 bytes as f64 / 1048576.0,
                 bytes / n as u64,
+                resolved.cell_size,
                 resolved.fbox_slots,
                 resolved.pair_size
             );
