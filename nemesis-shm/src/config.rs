@@ -17,7 +17,9 @@ pub const DEFAULT_CELL_SIZE: u32 = 8320;
 /// message of 16 or 32 KiB goes in one packet, as MPICH's Nemesis sends those in one of
 /// its cells. In six turns beside MPICH ch3:nemesis on an Intel Xeon guest, osu_bw
 /// moved 1.24x its rate at 16 KiB and 1.05x at 32 KiB with these cells, against 1.03x
-/// and 0.75x with cells of 8320 bytes; latency did not change (BENCHMARKS.md).
+/// and 0.75x with cells of 8320 bytes; latency did not change. On an AMD EPYC guest,
+/// 1.01x and 0.95x against 0.93x and 0.86x where the CPUs share a cache, and even
+/// where they do not (BENCHMARKS.md).
 pub const SMALL_JOB_CELL_SIZE: u32 = 32896;
 /// Most bytes by which the default cells may grow a segment over cells of
 /// [`DEFAULT_CELL_SIZE`]: with 64 cells a process, jobs of up to 5 processes on the
