@@ -36,8 +36,10 @@ Environment read by the processes (see README.md):
   NEMESIS_CELL_SIZE        bytes per cell, header included (default 32896 up to 5
                            processes on the node, 8320 from 6)
   NEMESIS_FBOX_SIZE        bytes per fastbox, header included; 0 = none (default 1152)
-  NEMESIS_FBOX_SLOTS       fastboxes per ordered pair, a power of two up to 64 (default
-                           64, fewer with many processes)
+  NEMESIS_FBOX_SLOTS       fastboxes per ordered pair, a power of two up to 1024 (default
+                           256, fewer from 16 processes on the node)
+  NEMESIS_PAIR_SIZE        bytes of the buffer each pair shares for medium messages; 0 =
+                           none (default 1M, smaller with more processes)
   NEMESIS_SHM_DIR          directory of the shared segment (default /dev/shm)
   NEMESIS_STARTUP_TIMEOUT  seconds to wait for the other processes (default 60)
   NEMESIS_SPIN, NEMESIS_YIELDS  how long an idle process spins and yields before sleeping
