@@ -430,6 +430,8 @@ fn randomised_stress_keeps_order_and_contents() {
         .unwrap();
     assert_ranks_said(&o, "messages checked", 4, &format!("seed {seed}"));
     assert!(leftovers(&dir).is_empty());
+    // Four processes on the node take the cells of a small job: 32 KiB in one packet.
+    assert_eq!(eager_limits(&o), vec![32864; 4], "{}", text(&o));
 }
 
 #[test]
@@ -459,6 +461,7 @@ fn stress_with_the_cells_of_a_larger_job() {
         .unwrap();
     assert_ranks_said(&o, "messages checked", 3, "cells of 8320 bytes");
     assert!(leftovers(&dir).is_empty());
+    assert_eq!(eager_limits(&o), vec![8288; 3], "{}", text(&o));
     assert!(sent(&o, "medium_packets") > 0, "{}", text(&o));
 }
 
@@ -660,6 +663,14 @@ fn stress_over_each_netmod() {
 /// The packets the ranks' netmods landed, from their "landed N" lines.
 /// The sum over the ranks of the stress test's count of sends by protocol `what` (a
 /// field of `SendCounts`).
+/// The eager limit each rank of a stress run said it had.
+fn eager_limits(o: &std::process::Output) -> Vec<usize> {
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| l.split_once(": eager limit ")?.1.trim().parse().ok())
+        .collect()
+}
+
 fn sent(o: &std::process::Output, what: &str) -> u64 {
     String::from_utf8_lossy(&o.stdout)
         .lines()

@@ -261,6 +261,7 @@ pub fn child() -> Result<(), String> {
         count += relay(&mut w, &c, seed, r)?;
     }
     println!("rank {me}: {count} messages checked in {:.1?}", start.elapsed());
+    println!("rank {me}: eager limit {}", w.config().eager_limit);
     let s = w.send_counts();
     println!(
         "rank {me}: sent paired {} paired_short {} paired_long {} medium_packets {} rendezvous {} stream_rendezvous {} stream_packets {}",
