@@ -57,6 +57,11 @@ pub const KNOWN: &[(&str, Reader, &str)] = &[
         "within the node, a stream's messages up to this go as packets or by rendezvous, as measured",
     ),
     (
+        "NEMESIS_STREAM_COPIES_LIMIT",
+        Reader::Library,
+        "within the node, a stream's rendezvous up to this offers all strategies or own copies only, as measured",
+    ),
+    (
         "NEMESIS_FAILURE_TIMEOUT",
         Reader::Library,
         "seconds between checks of peers",

@@ -480,13 +480,22 @@ fn lmt_strategies() -> Vec<&'static str> {
 fn stress_through_every_large_message_strategy() {
     // Each strategy alone moves every message above the eager limit (no medium
     // messages); then the default: medium messages, through the pair buffer when it is
-    // free, and the rendezvous above them; then medium messages through packets alone.
-    for lmt in lmt_strategies().into_iter().chain(["medium", "medium-packets"]) {
+    // free, and the rendezvous above them; then medium messages through packets alone;
+    // then a stream's messages by rendezvous from 32 KiB, offering every strategy or
+    // own copies only, as chosen by time.
+    for lmt in lmt_strategies()
+        .into_iter()
+        .chain(["medium", "medium-packets", "own-copies"])
+    {
         let dir = shm_dir(&format!("p2p-stress-{lmt}"));
         let mut cmd = run(3, "stress", &dir);
         cmd.env("STRESS_SEED", "11").env("STRESS_ROUNDS", "12");
         if lmt == "medium-packets" {
             cmd.env("NEMESIS_PAIR_SIZE", "0");
+        } else if lmt == "own-copies" {
+            cmd.env("NEMESIS_STREAM_MEDIUM_LIMIT", "32K")
+                .env("NEMESIS_STREAM_TUNE_LIMIT", "0")
+                .env("NEMESIS_STREAM_COPIES_LIMIT", "1M");
         } else if lmt == "medium" {
             // Whatever the machine's default, medium messages of a stream go by
             // rendezvous above 32 KiB (the default on CMA-first machines: from 32 KiB),
@@ -522,7 +531,14 @@ fn stress_through_every_large_message_strategy() {
                 assert_eq!(sent("paired"), 0, "{}", text(&o));
                 assert!(sent("medium_packets") > 0, "{}", text(&o));
             }
-            _ => assert_eq!(sent("paired") + sent("medium_packets"), 0, "{lmt}\n{}", text(&o)),
+            "own-copies" => {
+                assert!(sent("stream_own_copies") > 0, "{}", text(&o));
+                assert!(sent("stream_own_copies") < sent("rendezvous"), "{}", text(&o));
+            }
+            _ => {
+                assert_eq!(sent("paired") + sent("medium_packets"), 0, "{lmt}\n{}", text(&o));
+                assert_eq!(sent("stream_own_copies"), 0, "{lmt}: forced\n{}", text(&o));
+            }
         }
     }
 }

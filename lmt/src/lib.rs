@@ -184,13 +184,25 @@ impl Strategies {
         Strategies(self.0 & !(1 << s as u8))
     }
 
+    /// The set without the strategies for which `drop` says so.
+    fn without_all(self, drop: impl Fn(Strategy) -> bool) -> Self {
+        Strategy::ALL
+            .into_iter()
+            .filter(|&s| drop(s))
+            .fold(self, Strategies::without)
+    }
+
     /// The set without the strategies whose RTS names the sender's pages.
     #[must_use]
     pub fn without_in_place(self) -> Self {
-        Strategy::ALL
-            .into_iter()
-            .filter(|s| s.offered_in_place())
-            .fold(self, Strategies::without)
+        self.without_all(Strategy::offered_in_place)
+    }
+
+    /// The set without the strategies that copy by the kernel: nemesis's own copies
+    /// (the copy ring) and chunks.
+    #[must_use]
+    pub fn without_kernel_copies(self) -> Self {
+        self.without_all(Strategy::copies_in_kernel)
     }
 
     /// Whether the set names the sender's pages.
@@ -497,6 +509,11 @@ mod tests {
         assert!(Strategy::Rdma.reads_in_place() && Strategy::Rdma.offered_in_place());
         let all = Strategies(0xff);
         assert!(!all.without_in_place().has_in_place() && all.has_in_place());
+        let own = all.without_kernel_copies();
+        for s in Strategy::ALL {
+            assert_eq!(own.has(s), !s.copies_in_kernel(), "{s}");
+        }
+        assert!(own.has(Strategy::Ring) && own.has(Strategy::Chunks) && !own.has(Strategy::CmaSplit));
         assert_eq!(Strategy::CmaPut.mode(), Mode::Put);
     }
 }

@@ -242,6 +242,21 @@ pub const DEFAULT_STREAM_MEDIUM_LIMIT: usize = nemesis_lmt::policy::AUTO_CMA_MIN
 /// runs (BENCHMARKS.md).
 pub const DEFAULT_STREAM_TUNE_LIMIT: usize = 512 << 10;
 
+/// The longest message of a stream within the node whose rendezvous may offer only
+/// nemesis's own copies (the copy ring, or chunks while it is busy), where its sender
+/// found that moved more lately than the rendezvous with every strategy
+/// (`p2p/stream_way.rs`); from just above the stream tune limit. On the 2-vCPU AMD EPYC
+/// guest (family 25, model 1), osu_bw at 1 MiB moved a median 17.4 GB/s with the
+/// choice against 15.4 without it, in 32 turns of each interleaved beside MPICH
+/// ch3:nemesis (0.93× it with the CPUs sharing a cache became 1.03×), and
+/// `nemesis-bench bw` into distinct buffers 9.9 against 9.4 near; without a shared cache
+/// own copies move a third of what `cma-split` (the first of the default order there)
+/// does, and `bw` moved 9.3 against 9.6 with the choice. At 2 MiB, a fresh sender's looks at own copies fell in the timed windows of
+/// `bw`'s short rounds and halved them across caches; at 4 MiB the two ways were level
+/// (BENCHMARKS.md). Where the stream tune limit is 0 (a rendezvous that copies by the
+/// kernel first, as on Intel CPUs) or a strategy is forced, the default is 0.
+pub const DEFAULT_STREAM_COPIES_LIMIT: usize = 1 << 20;
+
 /// Tunables, from the environment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Config {
@@ -272,6 +287,13 @@ pub struct Config {
     /// at most 1 MiB; unset, 0 where that rendezvous would copy by the kernel). See
     /// [`DEFAULT_STREAM_TUNE_LIMIT`].
     pub stream_tune_limit: usize,
+    /// A message sent while streaming to a rank on this node, longer than
+    /// `stream_tune_limit` (and `stream_medium_limit`) and at most this many bytes, goes
+    /// by a rendezvous that offers every strategy, or only nemesis's own copies,
+    /// whichever the sender's recent streams to that rank moved more
+    /// (`NEMESIS_STREAM_COPIES_LIMIT`; 0 for never; unset, 0 where the stream tune limit
+    /// is 0 or `NEMESIS_LMT` forces a strategy). See [`DEFAULT_STREAM_COPIES_LIMIT`].
+    pub stream_copies_limit: usize,
     /// Up to this size, the choice by time tries a stream's messages as packets first:
     /// the stream medium limit the rule alone would have (`NEMESIS_STREAM_MEDIUM_LIMIT`'s
     /// default with `NEMESIS_STREAM_TUNE_LIMIT=0`). Derived, not read.
@@ -337,6 +359,13 @@ impl Config {
             None if copy_first => 0,
             None => DEFAULT_STREAM_TUNE_LIMIT,
         };
+        let stream_copies_limit = match get("NEMESIS_STREAM_COPIES_LIMIT") {
+            Some(v) => nemesis_shm::config::parse_size(&v)
+                .and_then(|n| usize::try_from(n).ok())
+                .ok_or_else(|| bad("NEMESIS_STREAM_COPIES_LIMIT", &v, "expected a size such as 4M"))?,
+            None if stream_tune_limit == 0 || lmt_forced(&get) => 0,
+            None => DEFAULT_STREAM_COPIES_LIMIT,
+        };
         let stream_packets_first = if copy_first {
             DEFAULT_STREAM_MEDIUM_LIMIT
         } else {
@@ -372,6 +401,7 @@ impl Config {
             medium_limit,
             stream_medium_limit,
             stream_tune_limit,
+            stream_copies_limit,
             stream_packets_first,
             pair_eager_limit,
             failure_check,
@@ -379,6 +409,12 @@ impl Config {
             flat_collectives,
         })
     }
+}
+
+/// Whether `NEMESIS_LMT` forces one strategy (a policy that does not parse says no here;
+/// the channel reports it).
+fn lmt_forced(get: &impl Fn(&str) -> Option<String>) -> bool {
+    nemesis_lmt::Policy::from_lookup(get).is_ok_and(|p| p.force.is_some())
 }
 
 /// Whether a message just above [`DEFAULT_STREAM_MEDIUM_LIMIT`] would go by a copy of
@@ -420,6 +456,10 @@ pub struct SendCounts {
     /// that went so because the sender's recent streams to the peer had moved more that
     /// way than by rendezvous (`NEMESIS_STREAM_TUNE_LIMIT`).
     pub stream_packets: u64,
+    /// Of the messages by rendezvous, those whose offer held only nemesis's own copies,
+    /// because the sender's recent streams to the peer had moved more that way
+    /// (`NEMESIS_STREAM_COPIES_LIMIT`).
+    pub stream_own_copies: u64,
 }
 
 /// Where a rank is, as seen from this process.

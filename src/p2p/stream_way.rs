@@ -22,6 +22,13 @@
 //! ping-pong is all first messages. The way of the rest, a look at the slower way
 //! included, is chosen at the second. (A window's first message by rendezvous where its
 //! rest go as packets keeps the receiver from draining the cells they need.)
+//!
+//! Above the stream tune limit and up to the stream copies limit
+//! (`NEMESIS_STREAM_COPIES_LIMIT`), the same choice is between two rendezvous: one that
+//! offers every strategy (on the AMD guest `cma-split` first, both processes copying by
+//! the kernel) and one that offers only nemesis's own copies ([`Way::OwnCopies`]: the
+//! copy ring, or chunks while it is busy), which moved more through a shared cache at
+//! 1 MiB and a third as much without one.
 
 use nemesis_lmt::tune::{Tuner, band};
 use std::time::Instant;
@@ -34,6 +41,9 @@ pub(crate) enum Way {
     /// As a run of packets, when the cells have room for the whole run (else by
     /// rendezvous after all).
     Packets,
+    /// By rendezvous, offering only nemesis's own copies (the copy ring, or chunks
+    /// while it is busy), not the kernel's.
+    OwnCopies,
 }
 
 /// Sends after which an episode is cut, so that a stream one way that never takes a
@@ -130,16 +140,12 @@ impl StreamWays {
         }
     }
 
-    /// The way the episode under way with `peer` sends its message of `len` bytes, with
-    /// `first`, the way the rule without timing takes, tried first. Its first message
-    /// goes the way that moved more so far (a lone message cannot be timed, and a
-    /// ping-pong is all first messages); the way of the rest is chosen at the second,
-    /// a look at the slower way included.
-    pub(crate) fn choose(&mut self, peer: u32, len: usize, first: Way) -> Way {
-        let mut order = match first {
-            Way::Rendezvous => [Way::Rendezvous, Way::Packets],
-            Way::Packets => [Way::Packets, Way::Rendezvous],
-        };
+    /// The way the episode under way with `peer` sends its message of `len` bytes, of
+    /// the two in `order`, the first the way the rule without timing takes, tried
+    /// first. Its first message goes the way that moved more so far (a lone message
+    /// cannot be timed, and a ping-pong is all first messages); the way of the rest is
+    /// chosen at the second, a look at the slower way included.
+    pub(crate) fn choose(&mut self, peer: u32, len: usize, mut order: [Way; 2]) -> Way {
         match self.open.get(peer as usize) {
             Some(Some(Episode { way: Some(w), .. })) => return *w,
             Some(Some(Episode { sends: 2.., .. })) => {}
@@ -190,80 +196,96 @@ mod tests {
 
     const LEN: usize = 256 << 10;
 
-    /// Runs one episode of `window` messages of `len` bytes to peer 1 from `t`, the
-    /// stream moving `gb_s(way)` GB/s; returns the way and the time the next episode
-    /// starts.
+    /// The rule's way first: the rendezvous, then packets.
+    const RP: [Way; 2] = [Way::Rendezvous, Way::Packets];
+    /// Packets first.
+    const PR: [Way; 2] = [Way::Packets, Way::Rendezvous];
+    /// Above the stream tune limit: the rendezvous with every strategy, then with own
+    /// copies only.
+    const RC: [Way; 2] = [Way::Rendezvous, Way::OwnCopies];
+
+    /// Runs one episode of `window` messages of `len` bytes to peer 1 from `t`, choosing
+    /// between the ways of `order`, the stream moving `gb_s(way)` GB/s; returns the way
+    /// and the time the next episode starts.
     fn episode(
         s: &mut StreamWays,
         t: Instant,
         window: u32,
-        len: usize,
+        (len, order): (usize, [Way; 2]),
         gb_s: impl Fn(Way) -> f64,
     ) -> (Way, Instant) {
         s.start(1, len, t);
-        s.choose(1, len, Way::Rendezvous);
+        s.choose(1, len, order);
         s.more(1, len, || unreachable!("an episode is under way"));
-        let w = s.choose(1, len, Way::Rendezvous);
+        let w = s.choose(1, len, order);
+        assert!(order.contains(&w), "{w:?} is not one of {order:?}");
         for _ in 2..window {
             s.more(1, len, || unreachable!("an episode is under way"));
-            assert_eq!(s.choose(1, len, Way::Rendezvous), w, "one way an episode");
+            assert_eq!(s.choose(1, len, order), w, "one way an episode");
         }
         let ns = (window as usize * len) as f64 / gb_s(w);
         (w, t + Duration::from_nanos(ns as u64))
     }
 
+    /// The CPUs share a cache: packets, and own copies, move more than the rendezvous
+    /// by the kernel.
     fn near(w: Way) -> f64 {
         match w {
-            Way::Packets => 16.0,
+            Way::Packets | Way::OwnCopies => 16.0,
             Way::Rendezvous => 12.0,
         }
     }
 
     fn far(w: Way) -> f64 {
         match w {
-            Way::Packets => 4.0,
+            Way::Packets | Way::OwnCopies => 4.0,
             Way::Rendezvous => 12.0,
         }
     }
 
     #[test]
     fn each_way_is_tried_then_the_one_that_moved_more_is_kept_and_a_move_is_followed() {
-        let mut s = StreamWays::default();
-        let mut t = Instant::now();
-        let mut run = |s: &mut StreamWays, n: usize, gb_s: fn(Way) -> f64| {
-            (0..n)
-                .map(|_| {
-                    let (w, next) = episode(s, t, 16, LEN, gb_s);
-                    t = next;
-                    w
-                })
-                .collect::<Vec<_>>()
-        };
-        let first = run(&mut s, 8, near);
-        assert_eq!(
-            first[..4],
-            [[Way::Rendezvous; 2], [Way::Packets; 2]].concat(),
-            "the way without timing first, each for a look"
-        );
-        let settled = run(&mut s, 40, near);
-        assert!(settled.iter().all(|&w| w == Way::Packets), "{settled:?}");
-        let packets = s.figure(1, LEN, Way::Packets).expect("timed");
-        let rendezvous = s.figure(1, LEN, Way::Rendezvous).expect("timed");
-        assert!(packets < rendezvous, "{packets} against {rendezvous} ns per KiB");
-        // The CPUs stop sharing a cache: the rendezvous is looked at again and kept.
-        let after = run(&mut s, 1200, far);
-        let back = after
-            .iter()
-            .position(|&w| w == Way::Rendezvous)
-            .expect("the rendezvous looked at again");
-        assert!(back <= 2 * LOOK_EVERY as usize, "after {back} episodes");
-        let rest = &after[back + 2 * LOOK as usize..];
-        let slow = rest.iter().filter(|&&w| w == Way::Packets).count();
-        assert!(
-            slow * 10 <= rest.len(),
-            "{slow} of {} episodes the slower way",
-            rest.len()
-        );
+        // Packets against the rendezvous, and above the stream tune limit, own copies
+        // against the rendezvous with every strategy.
+        for (len, order) in [(LEN, RP), (4 * LEN, RC)] {
+            let other = order[1];
+            let mut s = StreamWays::default();
+            let mut t = Instant::now();
+            let mut run = |s: &mut StreamWays, n: usize, gb_s: fn(Way) -> f64| {
+                (0..n)
+                    .map(|_| {
+                        let (w, next) = episode(s, t, 16, (len, order), gb_s);
+                        t = next;
+                        w
+                    })
+                    .collect::<Vec<_>>()
+            };
+            let first = run(&mut s, 8, near);
+            assert_eq!(
+                first[..4],
+                [[Way::Rendezvous; 2], [other; 2]].concat(),
+                "the way without timing first, each for a look"
+            );
+            let settled = run(&mut s, 40, near);
+            assert!(settled.iter().all(|&w| w == other), "{settled:?}");
+            let faster = s.figure(1, len, other).expect("timed");
+            let rendezvous = s.figure(1, len, Way::Rendezvous).expect("timed");
+            assert!(faster < rendezvous, "{faster} against {rendezvous} ns per KiB");
+            // The CPUs stop sharing a cache: the rendezvous is looked at again and kept.
+            let after = run(&mut s, 1200, far);
+            let back = after
+                .iter()
+                .position(|&w| w == Way::Rendezvous)
+                .expect("the rendezvous looked at again");
+            assert!(back <= 2 * LOOK_EVERY as usize, "after {back} episodes");
+            let rest = &after[back + 2 * LOOK as usize..];
+            let slow = rest.iter().filter(|&&w| w == other).count();
+            assert!(
+                slow * 10 <= rest.len(),
+                "{slow} of {} episodes the slower way",
+                rest.len()
+            );
+        }
     }
 
     #[test]
@@ -273,7 +295,7 @@ mod tests {
         // A ping-pong: every send starts an episode, none in a stream, nothing timed.
         for i in 0..20 {
             s.start(1, LEN, t + Duration::from_micros(i));
-            s.choose(1, LEN, Way::Rendezvous);
+            s.choose(1, LEN, RP);
         }
         assert_eq!(s.figure(1, LEN, Way::Rendezvous), None);
         // Two size bands in one episode: not timed.
@@ -281,7 +303,7 @@ mod tests {
             let t = t + Duration::from_millis(i);
             s.start(1, LEN, t);
             s.more(1, 4 * LEN, || t);
-            s.choose(1, 4 * LEN, Way::Rendezvous);
+            s.choose(1, 4 * LEN, RP);
         }
         s.start(1, LEN, t + Duration::from_secs(1));
         assert_eq!(s.figure(1, LEN, Way::Rendezvous), None);
@@ -292,18 +314,14 @@ mod tests {
         for _ in 0..MAX_SENDS * 12 {
             now += Duration::from_micros(20);
             s.more(2, LEN, || now);
-            s.choose(2, LEN, Way::Packets);
+            s.choose(2, LEN, PR);
         }
         assert!(s.figure(2, LEN, Way::Rendezvous).is_some());
         assert!(s.figure(2, LEN, Way::Packets).is_some());
         assert_eq!(s.figure(1, LEN, Way::Packets), None, "per peer");
         let mut p = StreamWays::default();
         p.start(3, LEN, t);
-        assert_eq!(
-            p.choose(3, LEN, Way::Packets),
-            Way::Packets,
-            "the rule's way first"
-        );
+        assert_eq!(p.choose(3, LEN, PR), Way::Packets, "the rule's way first");
         // An episode none of whose messages asked (answers through the pair buffer):
         // nothing to time.
         for i in 0..10 {

@@ -577,6 +577,32 @@ fn the_stream_medium_limit_follows_the_copy_a_rendezvous_would_make() {
         let e = read(vars).unwrap_err();
         assert!(e.to_string().contains("NEMESIS_STREAM_TUNE_LIMIT"), "{e}");
     }
+    // Own copies are a choice where the stream's way is chosen by time, and no
+    // strategy is forced.
+    let copies = |vars| read(vars).unwrap().stream_copies_limit;
+    assert_eq!(
+        copies(&[("NEMESIS_LMT_AUTO", "ring,cma")]),
+        super::DEFAULT_STREAM_COPIES_LIMIT
+    );
+    assert_eq!(copies(&[("NEMESIS_LMT", "chunks")]), 0, "forced");
+    assert_eq!(copies(&[("NEMESIS_STREAM_TUNE_LIMIT", "0")]), 0);
+    let by_kernel = if cma {
+        0
+    } else {
+        super::DEFAULT_STREAM_COPIES_LIMIT
+    };
+    assert_eq!(copies(&[("NEMESIS_LMT_AUTO", "cma-split,ring")]), by_kernel);
+    // Set, it holds, above the medium maximum too.
+    assert_eq!(
+        copies(&[("NEMESIS_LMT", "cma"), ("NEMESIS_STREAM_COPIES_LIMIT", "16M")]),
+        16 << 20
+    );
+    assert_eq!(copies(&[("NEMESIS_STREAM_COPIES_LIMIT", "0")]), 0);
+    for v in ["lots", "-1"] {
+        let vars: &'static [(&str, &str)] = Box::leak(Box::new([("NEMESIS_STREAM_COPIES_LIMIT", v)]));
+        let e = read(vars).unwrap_err();
+        assert!(e.to_string().contains("NEMESIS_STREAM_COPIES_LIMIT"), "{e}");
+    }
 }
 
 #[test]
@@ -1982,66 +2008,12 @@ fn no_medium_messages_means_no_stream_packets() {
 
 fn a_stream_of(len: usize) {
     const WINDOW: usize = 6;
-    const WINDOWS: usize = 14;
-    let out = job_with(
-        2,
-        Geometry::default(),
+    let windows = windows_of(
+        (len, WINDOW, 14, 1000),
         // The choice by time on, as where the rendezvous would not copy by the kernel.
         |c| c.stream_tune_limit = super::DEFAULT_STREAM_TUNE_LIMIT,
-        move |mut w| {
-            let c = w.comm();
-            let mut ack = [0u8; 1];
-            if w.rank() == 0 {
-                let msgs: Vec<Vec<u8>> = (0..WINDOW as u32).map(|k| pattern(k, len)).collect();
-                let mut per_window = Vec::new();
-                for _ in 0..WINDOWS {
-                    let before = w.send_counts();
-                    w.scope(|s| {
-                        let reqs: Vec<_> = msgs.iter().map(|m| s.isend(&c, 1, 1, m).unwrap()).collect();
-                        s.waitall(reqs).unwrap();
-                    });
-                    w.recv(&c, 1, 9, &mut ack).unwrap();
-                    let after = w.send_counts();
-                    per_window.push((
-                        after.stream_packets - before.stream_packets,
-                        after.rendezvous - before.rendezvous,
-                    ));
-                }
-                per_window
-            } else {
-                let mut bufs = vec![vec![0u8; len]; WINDOW];
-                let mut short = vec![0u8; 1000];
-                for _ in 0..WINDOWS {
-                    let (head, tail) = bufs.split_at_mut(WINDOW - 1);
-                    w.scope(|s| {
-                        let mut reqs: Vec<_> =
-                            head.iter_mut().map(|b| s.irecv(&c, 0, 1, b).unwrap()).collect();
-                        let _ = tail;
-                        reqs.push(s.irecv(&c, 0, 1, &mut short).unwrap());
-                        let done = s.waitall(reqs);
-                        let e = done.expect_err("the last message is truncated");
-                        assert!(
-                            matches!(
-                                e,
-                                P2pError::Truncated {
-                                    message_len,
-                                    buffer_len: 1000
-                                } if message_len == len
-                            ),
-                            "{e}"
-                        );
-                    });
-                    for (k, b) in bufs[..WINDOW - 1].iter().enumerate() {
-                        assert!(*b == pattern(k as u32, len), "message {k}");
-                    }
-                    assert!(short[..] == pattern(WINDOW as u32 - 1, len)[..1000]);
-                    w.send(&c, 0, 9, &[1]).unwrap();
-                }
-                Vec::new()
-            }
-        },
+        |n| (n.stream_packets, n.rendezvous),
     );
-    let windows = &out[0];
     // By rendezvous: all but the first message (which goes the way that moved more so
     // far, or takes the pair buffer); as packets: at least the second, while the cells
     // had room.
@@ -2052,6 +2024,91 @@ fn a_stream_of(len: usize) {
             || packets(&windows[..2]) && rendezvous(&windows[2..4]),
         "two windows each way: {windows:?}"
     );
+}
+
+/// Windows of `window` `isend`s of `len` bytes (`shape`: with how many windows, and the
+/// length of the short buffer the last receive of each takes), each answered by an
+/// acknowledgement, as osu_bw sends, with the tunables changed by `tweak`. The receiver
+/// checks every message whole in distinct buffers and the last truncated; returns what
+/// `count` reads of the sender's counts in each window.
+fn windows_of(
+    (len, window, windows, short_len): (usize, usize, usize, usize),
+    tweak: impl Fn(&mut Config) + Send + Sync + 'static,
+    count: fn(&super::SendCounts) -> (u64, u64),
+) -> Vec<(u64, u64)> {
+    let out = job_with(2, Geometry::default(), tweak, move |mut w| {
+        let c = w.comm();
+        let mut ack = [0u8; 1];
+        if w.rank() == 0 {
+            let msgs: Vec<Vec<u8>> = (0..window as u32).map(|k| pattern(k, len)).collect();
+            let mut per_window = Vec::new();
+            for _ in 0..windows {
+                let before = count(&w.send_counts());
+                w.scope(|s| {
+                    let reqs: Vec<_> = msgs.iter().map(|m| s.isend(&c, 1, 1, m).unwrap()).collect();
+                    s.waitall(reqs).unwrap();
+                });
+                w.recv(&c, 1, 9, &mut ack).unwrap();
+                let after = count(&w.send_counts());
+                per_window.push((after.0 - before.0, after.1 - before.1));
+            }
+            per_window
+        } else {
+            let mut bufs = vec![vec![0u8; len]; window - 1];
+            let mut short = vec![0u8; short_len];
+            for _ in 0..windows {
+                w.scope(|s| {
+                    let mut reqs: Vec<_> = bufs.iter_mut().map(|b| s.irecv(&c, 0, 1, b).unwrap()).collect();
+                    reqs.push(s.irecv(&c, 0, 1, &mut short).unwrap());
+                    let e = s.waitall(reqs).expect_err("the last message is truncated");
+                    assert!(
+                        matches!(
+                            e,
+                            P2pError::Truncated {
+                                message_len,
+                                buffer_len,
+                            } if message_len == len && buffer_len == short_len
+                        ),
+                        "{e}"
+                    );
+                });
+                for (k, b) in bufs.iter_mut().enumerate() {
+                    assert!(*b == pattern(k as u32, len), "message {k}");
+                    b.fill(0);
+                }
+                assert!(short[..] == pattern(window as u32 - 1, len)[..short_len]);
+                w.send(&c, 0, 9, &[1]).unwrap();
+            }
+            Vec::new()
+        }
+    });
+    out.into_iter().next().expect("rank 0")
+}
+
+/// Above the stream tune limit, a stream's rendezvous offers every strategy in two
+/// windows and only own copies in the next two, or the other way round, then whichever
+/// moved more (`stream_way.rs`); every message arrives whole either way, into distinct
+/// buffers and truncated into a short one.
+#[test]
+fn a_long_stream_takes_own_copies_in_turn_and_every_message_arrives_whole() {
+    const WINDOW: usize = 4;
+    let windows = windows_of(
+        ((1 << 20) - 3, WINDOW, 10, 5000),
+        |c| {
+            c.stream_tune_limit = super::DEFAULT_STREAM_TUNE_LIMIT;
+            c.stream_copies_limit = super::DEFAULT_STREAM_COPIES_LIMIT;
+        },
+        |n| (n.stream_own_copies, n.rendezvous),
+    );
+    // Every message but a window's first (which goes the way that moved more so far,
+    // or through the pair buffer) one way.
+    let every = |w: &[(u64, u64)]| w.iter().all(|&(own, r)| own <= 1 && r >= WINDOW as u64 - 1);
+    let own = |w: &[(u64, u64)]| w.iter().all(|&(own, _)| own >= WINDOW as u64 - 1);
+    assert!(
+        every(&windows[..2]) && own(&windows[2..4]) || own(&windows[..2]) && every(&windows[2..4]),
+        "two windows each way: {windows:?}"
+    );
+    assert!(windows.iter().all(|&(own, r)| own <= r), "{windows:?}");
 }
 
 #[test]

@@ -264,14 +264,15 @@ pub fn child() -> Result<(), String> {
     println!("rank {me}: eager limit {}", w.config().eager_limit);
     let s = w.send_counts();
     println!(
-        "rank {me}: sent paired {} paired_short {} paired_long {} medium_packets {} rendezvous {} stream_rendezvous {} stream_packets {}",
+        "rank {me}: sent paired {} paired_short {} paired_long {} medium_packets {} rendezvous {} stream_rendezvous {} stream_packets {} stream_own_copies {}",
         s.paired,
         s.paired_short,
         s.paired_long,
         s.medium_packets,
         s.rendezvous,
         s.stream_rendezvous,
-        s.stream_packets
+        s.stream_packets,
+        s.stream_own_copies
     );
     if let Some(s) = w.channel().net_stats() {
         println!("rank {me}: rdma moved {} bytes", s.rdma_bytes);

@@ -51,11 +51,15 @@ impl<C: Channel> World<C> {
         }
         // A message in a stream, which the rendezvous moves with one copy and a run of
         // packets with two, the faster where the CPUs share a cache: up to the stream
-        // tune limit, the way this side's recent streams to the peer moved more.
+        // tune limit, the way this side's recent streams to the peer moved more. Above
+        // it, up to the stream copies limit, by rendezvous with every strategy or with
+        // own copies only, chosen the same way.
         let mut tuned = false;
+        let mut copies_chosen = false;
         if local
             && len > self.cfg.stream_medium_limit
-            && self.cfg.stream_tune_limit > self.cfg.stream_medium_limit
+            && (self.cfg.stream_tune_limit > self.cfg.stream_medium_limit
+                || self.cfg.stream_copies_limit > self.cfg.stream_medium_limit)
         {
             if self.core.ch.sent_since_taken(d) {
                 self.ways.more(d, len, Instant::now);
@@ -63,6 +67,7 @@ impl<C: Channel> World<C> {
                 self.ways.start(d, len, Instant::now());
             }
             tuned = len <= self.cfg.stream_tune_limit;
+            copies_chosen = !tuned && len <= self.cfg.stream_copies_limit;
         }
         if tuned {
             // An answer still goes through the pair buffer; else the way chosen, and by
@@ -75,7 +80,11 @@ impl<C: Channel> World<C> {
             } else {
                 Way::Rendezvous
             };
-            if self.ways.choose(d, len, first) == Way::Packets && self.run_fits(d, len) {
+            let order = match first {
+                Way::Packets => [Way::Packets, Way::Rendezvous],
+                _ => [Way::Rendezvous, Way::Packets],
+            };
+            if self.ways.choose(d, len, order) == Way::Packets && self.run_fits(d, len) {
                 self.send_medium(d, ctx, tag, &bufs, len)?;
                 self.sent.stream_packets += 1;
                 return Ok(None);
@@ -101,13 +110,19 @@ impl<C: Channel> World<C> {
         if len > self.cfg.medium_limit && local && !tuned && self.send_paired(d, ctx, tag, &bufs, len)? {
             return Ok(None);
         }
+        let own_copies =
+            copies_chosen && self.ways.choose(d, len, [Way::Rendezvous, Way::OwnCopies]) == Way::OwnCopies;
         let mut rts = wire::rts_head(len);
         let nemesis_lmt::Offer {
             strategies: mut offered,
             mut held,
         } = self.core.ch.lmt().offer(d, bufs.segs(), len, &mut rts);
-        if rts.len() > self.core.ch.max_payload() {
-            // Too many pieces to describe in one packet: no reading in place.
+        if own_copies {
+            offered = offered.without_kernel_copies();
+        }
+        if own_copies || rts.len() > self.core.ch.max_payload() {
+            // Own copies only, or too many pieces to describe in one packet: no reading
+            // in place.
             offered = offered.without_in_place();
             rts.truncate(wire::RTS_HEAD);
             if let Some(h) = held.take() {
@@ -151,6 +166,7 @@ impl<C: Channel> World<C> {
             return Err(e.into());
         }
         self.sent.rendezvous += 1;
+        self.sent.stream_own_copies += u64::from(own_copies);
         self.sent.stream_rendezvous += u64::from(streamed && len <= self.cfg.medium_limit);
         Ok(Some(id))
     }

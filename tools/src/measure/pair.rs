@@ -464,11 +464,13 @@ impl Pair {
         if lmt.is_some() {
             cfg.medium_limit = 0;
             cfg.stream_tune_limit = 0;
+            cfg.stream_copies_limit = 0;
         }
         if let Some(l) = stream_medium_limit {
             // A way forced: the sender's choice by time stays out of it.
             cfg.stream_medium_limit = l.min(cfg.medium_limit);
             cfg.stream_tune_limit = 0;
+            cfg.stream_copies_limit = 0;
         }
         let mut w = nemesis::World::with_config(&mut self.ch, cfg).map_err(other)?;
         let c = w.comm();

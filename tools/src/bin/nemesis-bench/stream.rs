@@ -111,6 +111,7 @@ fn add_counts(to: &mut nemesis::SendCounts, c: nemesis::SendCounts) {
         rendezvous,
         stream_rendezvous,
         stream_packets,
+        stream_own_copies,
     } = c;
     to.paired += paired;
     to.paired_short += paired_short;
@@ -119,12 +120,15 @@ fn add_counts(to: &mut nemesis::SendCounts, c: nemesis::SendCounts) {
     to.rendezvous += rendezvous;
     to.stream_rendezvous += stream_rendezvous;
     to.stream_packets += stream_packets;
+    to.stream_own_copies += stream_own_copies;
 }
 
 /// What a stream of `size`-byte messages went by, from its sender's counts (`sent`):
 /// `eager`, `medium` (runs of packets or the pair buffer), the rendezvous `strategy`,
 /// or `medium+` the strategy where it took both (a stream's way chosen by time, or
-/// packets while the cells had room). A strategy forced (not `auto`) is named.
+/// packets while the cells had room). A rendezvous that offered only own copies
+/// (`SendCounts::stream_own_copies`) is `ring+chunks`, and `+ring` after the strategy
+/// where only some did. A strategy forced (not `auto`) is named.
 fn used_by(
     size: usize,
     eager: usize,
@@ -134,6 +138,12 @@ fn used_by(
     strategy: &str,
 ) -> String {
     let packets = sent.medium_packets + sent.paired;
+    let strategy = match sent.stream_own_copies {
+        0 => strategy.to_string(),
+        n if n == sent.rendezvous => "ring+chunks".into(),
+        _ => format!("{strategy}+ring"),
+    };
+    let strategy = strategy.as_str();
     match (packets, sent.rendezvous) {
         _ if size <= eager => "eager".into(),
         _ if !auto => strategy.into(),
@@ -346,6 +356,7 @@ pub(crate) fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Resul
                         .u("sent_paired", sent[k][i].paired)
                         .u("sent_packets", sent[k][i].medium_packets)
                         .u("sent_stream_packets", sent[k][i].stream_packets)
+                        .u("sent_stream_own_copies", sent[k][i].stream_own_copies)
                         .u("sent_rendezvous", sent[k][i].rendezvous);
                     if let Some(tcp) = tcp {
                         row = row.f("tcp_mb_s", tcp).f("tcp_ratio", mb / tcp);
