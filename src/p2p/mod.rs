@@ -248,13 +248,14 @@ pub const DEFAULT_STREAM_TUNE_LIMIT: usize = 512 << 10;
 /// (`p2p/stream_way.rs`); from just above the stream tune limit. On the 2-vCPU AMD EPYC
 /// guest (family 25, model 1), osu_bw at 1 MiB moved a median 17.4 GB/s with the
 /// choice against 15.4 without it, in 32 turns of each interleaved beside MPICH
-/// ch3:nemesis (0.93× it with the CPUs sharing a cache became 1.03×), and
-/// `nemesis-bench bw` into distinct buffers 9.9 against 9.4 near; without a shared cache
-/// own copies move a third of what `cma-split` (the first of the default order there)
-/// does, and `bw` moved 9.3 against 9.6 with the choice. At 2 MiB, a fresh sender's looks at own copies fell in the timed windows of
-/// `bw`'s short rounds and halved them across caches; at 4 MiB the two ways were level
-/// (BENCHMARKS.md). Where the stream tune limit is 0 (a rendezvous that copies by the
-/// kernel first, as on Intel CPUs) or a strategy is forced, the default is 0.
+/// ch3:nemesis (0.93× it with the CPUs sharing a cache became 1.03×), and in 22 turns
+/// `nemesis-bench bw` into distinct buffers moved 9.9 against 9.4 near. Without a
+/// shared cache own copies move a third of what `cma-split` (the first of the default
+/// order there) does, and `bw` moved 9.3 against 9.6 with the choice. At 2 MiB, a fresh
+/// sender's looks at own copies fell in the timed windows of `bw`'s short rounds and
+/// halved them across caches; at 4 MiB the two ways were level (BENCHMARKS.md). Where
+/// the stream tune limit is 0 (a rendezvous that copies by the kernel first, as on
+/// Intel CPUs) or a strategy is forced, the default is 0.
 pub const DEFAULT_STREAM_COPIES_LIMIT: usize = 1 << 20;
 
 /// Tunables, from the environment.
