@@ -676,9 +676,6 @@ fn stress_over_each_netmod() {
     }
 }
 
-/// The packets the ranks' netmods landed, from their "landed N" lines.
-/// The sum over the ranks of the stress test's count of sends by protocol `what` (a
-/// field of `SendCounts`).
 /// The eager limit each rank of a stress run said it had.
 fn eager_limits(o: &std::process::Output) -> Vec<usize> {
     String::from_utf8_lossy(&o.stdout)
@@ -687,6 +684,8 @@ fn eager_limits(o: &std::process::Output) -> Vec<usize> {
         .collect()
 }
 
+/// The sum over the ranks of the stress test's count of sends by protocol `what` (a
+/// field of `SendCounts`).
 fn sent(o: &std::process::Output, what: &str) -> u64 {
     String::from_utf8_lossy(&o.stdout)
         .lines()
@@ -699,6 +698,7 @@ fn sent(o: &std::process::Output, what: &str) -> u64 {
         .sum()
 }
 
+/// The packets the ranks' netmods landed, from their "landed N" lines.
 fn landed(o: &std::process::Output) -> u64 {
     String::from_utf8_lossy(&o.stdout)
         .lines()

@@ -351,7 +351,10 @@ impl Config {
                 .ok_or_else(|| bad(var, &v, "expected a size from 0 to 1M")),
         };
         let medium_limit = medium_size("NEMESIS_MEDIUM_LIMIT")?.unwrap_or(DEFAULT_MEDIUM_LIMIT);
-        let copy_first = kernel_copy_first(&get);
+        // The large-message policy, read once; one that does not parse is the channel's
+        // to report.
+        let policy = nemesis_lmt::Policy::from_lookup(&get).ok();
+        let copy_first = kernel_copy_first(policy.as_ref());
         let stream_tune_limit = match medium_size("NEMESIS_STREAM_TUNE_LIMIT")? {
             _ if medium_limit == 0 => 0,
             Some(n) => n,
@@ -364,7 +367,7 @@ impl Config {
             Some(v) => nemesis_shm::config::parse_size(&v)
                 .and_then(|n| usize::try_from(n).ok())
                 .ok_or_else(|| bad("NEMESIS_STREAM_COPIES_LIMIT", &v, "expected a size such as 4M"))?,
-            None if stream_tune_limit == 0 || lmt_forced(&get) => 0,
+            None if stream_tune_limit == 0 || policy.is_some_and(|p| p.force.is_some()) => 0,
             None => DEFAULT_STREAM_COPIES_LIMIT,
         };
         let stream_packets_first = if copy_first {
@@ -412,19 +415,13 @@ impl Config {
     }
 }
 
-/// Whether `NEMESIS_LMT` forces one strategy (a policy that does not parse says no here;
-/// the channel reports it).
-fn lmt_forced(get: &impl Fn(&str) -> Option<String>) -> bool {
-    nemesis_lmt::Policy::from_lookup(get).is_ok_and(|p| p.force.is_some())
-}
-
 /// Whether a message just above [`DEFAULT_STREAM_MEDIUM_LIMIT`] would go by a copy of
-/// the kernel's (CMA), as the large-message policy in `get` chooses, and whether this
+/// the kernel's (CMA), as the large-message policy `p` chooses, and whether this
 /// process may use CMA: where the rendezvous's single copy is the ring's, or chunks',
-/// it moved no more than a run of packets did. A policy that does not parse says no
-/// here; the channel reports it.
-fn kernel_copy_first(get: &impl Fn(&str) -> Option<String>) -> bool {
-    let Ok(p) = nemesis_lmt::Policy::from_lookup(get) else {
+/// it moved no more than a run of packets did. A policy that does not parse (`None`)
+/// says no here; the channel reports it.
+fn kernel_copy_first(p: Option<&nemesis_lmt::Policy>) -> bool {
+    let Some(p) = p else {
         return false;
     };
     let first = p

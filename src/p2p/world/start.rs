@@ -75,14 +75,11 @@ impl<C: Channel> World<C> {
             if self.send_paired(d, ctx, tag, &bufs, len)? {
                 return Ok(None);
             }
-            let first = if len <= self.cfg.stream_packets_first {
-                Way::Packets
+            // The rule's way first.
+            let order = if len <= self.cfg.stream_packets_first {
+                [Way::Packets, Way::Rendezvous]
             } else {
-                Way::Rendezvous
-            };
-            let order = match first {
-                Way::Packets => [Way::Packets, Way::Rendezvous],
-                _ => [Way::Rendezvous, Way::Packets],
+                [Way::Rendezvous, Way::Packets]
             };
             if self.ways.choose(d, len, order) == Way::Packets && self.run_fits(d, len) {
                 self.send_medium(d, ctx, tag, &bufs, len)?;
