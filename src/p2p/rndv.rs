@@ -9,6 +9,12 @@ use crate::channel::{Channel, ChannelError, Header, SendStatus};
 use crate::progress::Outbox;
 use nemesis_lmt::{Lmt, LmtError, Mode, Seg, Strategies, Strategy, Xfer};
 
+/// Most bytes of chunks one call to progress pushes. A receiver that drains as fast as
+/// the sender pushes leaves the channel room forever, and the call would not return
+/// before the whole message had gone: its caller's other requests, its failure checks
+/// and its `test` would wait for all of it.
+const PUSH_BUDGET: usize = 4 << 20;
+
 /// The transfers under way.
 #[derive(Debug, Default)]
 pub(crate) struct Rndv {
@@ -307,10 +313,12 @@ impl Rndv {
         }
     }
 
-    /// Pushes chunks of accepted large messages while the channel has room.
+    /// Pushes chunks of accepted large messages while the channel has room, up to
+    /// [`PUSH_BUDGET`] bytes; what is left goes at the next call.
     pub(crate) fn push<C: Channel>(&mut self, reqs: &mut Requests, ch: &mut C) -> Result<(), ChannelError> {
+        let mut budget = PUSH_BUDGET;
         let mut i = 0;
-        while i < self.pushing.len() {
+        while i < self.pushing.len() && budget > 0 {
             let id = self.pushing[i];
             let Some(Req::Send(s)) = reqs.get_mut(id) else {
                 self.pushing.swap_remove(i);
@@ -323,8 +331,9 @@ impl Rndv {
                 continue;
             };
             let bufs = &*source(&s.bufs, &s.owned);
-            while *off < s.len && ch.room_for(s.dest) {
+            while *off < s.len && budget > 0 && ch.room_for(s.dest) {
                 let end = (*off + chunk).min(s.len);
+                budget = budget.saturating_sub(end - *off);
                 let h = Header {
                     kind: DATA,
                     aux: *recv_id,
@@ -586,5 +595,108 @@ fn send_step(lmt: &mut dyn Lmt, s: &mut SendReq) -> After {
             }
         }
         _ => After::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::channel::{Packet, Rank, SendTicket};
+    use crate::p2p::comm::ReqComm;
+    use crate::p2p::requests::Holder;
+    use std::time::Duration;
+
+    /// A channel with room for everything, as a receiver that keeps pace leaves it;
+    /// it counts the bytes of data sent.
+    #[derive(Default)]
+    struct Bottomless {
+        data: usize,
+    }
+
+    impl Channel for Bottomless {
+        fn rank(&self) -> Rank {
+            0
+        }
+        fn size(&self) -> u32 {
+            2
+        }
+        fn is_local(&self, _: Rank) -> bool {
+            true
+        }
+        fn max_payload(&self) -> usize {
+            32 << 10
+        }
+        fn send(&mut self, _: Rank, h: Header, parts: &[&[u8]]) -> Result<SendStatus, ChannelError> {
+            assert_eq!(h.kind, DATA);
+            // The first part is the offset.
+            self.data += parts[1..].iter().map(|p| p.len()).sum::<usize>();
+            Ok(SendStatus::Sent)
+        }
+        fn is_sent(&self, _: SendTicket) -> bool {
+            true
+        }
+        fn pending(&self) -> usize {
+            0
+        }
+        fn poll<F: FnMut(Packet<'_>)>(&mut self, _: F) -> Result<usize, ChannelError> {
+            Ok(0)
+        }
+        fn wait(&mut self, _: Option<Duration>) -> Result<(), ChannelError> {
+            Ok(())
+        }
+        fn check_peer(&self, _: Rank) -> Result<(), ChannelError> {
+            Ok(())
+        }
+        fn flush(&mut self, _: Duration) -> Result<(), ChannelError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn one_push_sends_at_most_its_budget_and_the_next_goes_on() {
+        let mut ch = Bottomless::default();
+        let chunk = ch.max_payload();
+        // More than three calls can push, each at most a chunk past the budget.
+        let len = 3 * (PUSH_BUDGET + chunk) + 1000;
+        let data = vec![5u8; len];
+        let mut reqs = Requests::default();
+        let id = reqs
+            .insert(Req::Send(SendReq {
+                bufs: Bufs::One(Seg::of(&data)),
+                len,
+                dest: 1,
+                comm: ReqComm::Identity,
+                state: SState::Push { recv_id: 9, off: 0 },
+                offered: Strategies::CHUNKS,
+                used: Some(Strategy::Chunks),
+                held: None,
+                owned: None,
+                result: None,
+                detached: false,
+                holder: Holder::Call,
+            }))
+            .unwrap();
+        let mut rndv = Rndv {
+            pushing: vec![id],
+            ..Rndv::default()
+        };
+        let mut calls = 0;
+        while rndv.has_chores() {
+            let before = ch.data;
+            rndv.push(&mut reqs, &mut ch).unwrap();
+            let sent = ch.data - before;
+            assert!(sent <= PUSH_BUDGET + chunk, "call {calls} pushed {sent} bytes");
+            calls += 1;
+            assert!(calls <= 4, "the budget held back more than it should");
+        }
+        assert_eq!(ch.data, len, "every byte went");
+        assert_eq!(calls, 4, "three full budgets and the rest");
+        assert!(matches!(
+            reqs.get(id),
+            Some(Req::Send(SendReq {
+                state: SState::WaitDone,
+                ..
+            }))
+        ));
     }
 }
