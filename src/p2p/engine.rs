@@ -6,7 +6,7 @@
 use super::comm::ReqComm;
 use super::matching::{Body, Matching, Posted, Unexpected};
 use super::medium::{self, Assembly, Medium, Step};
-use super::requests::{Bufs, RState, RecvReq, Req, Requests, SState};
+use super::requests::{Bufs, Outcome, RState, RecvReq, Req, Requests, SState};
 use super::rndv::{self, Rndv};
 use super::wire::{self, CTS, DATA, DONE, EAGER, FIN, MDATA, MEDIUM, REVOKE, REVOKED, RTS, Rts, ctrl};
 use super::{P2pError, Status};
@@ -592,9 +592,21 @@ impl Engine {
     /// Takes the result of a complete request and forgets it.
     #[inline(always)]
     pub(crate) fn finish(&mut self, id: u32) -> Result<Status, P2pError> {
-        match self.reqs.take_result(id) {
-            Some(Some(r)) => r.map_err(|e| *e),
-            _ => Err(P2pError::InvalidArgument(format!("request {id} has no result"))),
+        Self::outcome(id, self.reqs.take_result(id).flatten())
+    }
+
+    /// As [`Engine::finish`] if request `id` is finished; `None` while it is not.
+    #[inline(always)]
+    pub(crate) fn finish_if_done(&mut self, id: u32) -> Option<Result<Status, P2pError>> {
+        let taken = self.reqs.take_if_finished(id)?;
+        Some(Self::outcome(id, taken.flatten()))
+    }
+
+    #[inline(always)]
+    fn outcome(id: u32, result: Outcome) -> Result<Status, P2pError> {
+        match result {
+            Some(r) => r.map_err(|e| *e),
+            None => Err(P2pError::InvalidArgument(format!("request {id} has no result"))),
         }
     }
 

@@ -1,6 +1,7 @@
 //! MPI's matching: the posted receives and the unexpected messages, each searched in
 //! the order it was made, so that messages between a pair never overtake each other.
 
+use super::fifo::Fifo;
 use super::wire::Rts;
 use std::collections::VecDeque;
 
@@ -19,7 +20,7 @@ pub(crate) fn selected(
 }
 
 /// A receive waiting for its message.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Posted {
     pub id: u32,
     pub ctx: u32,
@@ -55,7 +56,7 @@ impl Unexpected {
 /// The two queues.
 #[derive(Debug, Default)]
 pub(crate) struct Matching {
-    posted: VecDeque<Posted>,
+    posted: Fifo<Posted>,
     unexpected: VecDeque<Unexpected>,
 }
 
@@ -129,13 +130,8 @@ impl Matching {
 
     /// Withdraws posted receive `id`; says whether it was posted.
     pub(crate) fn cancel(&mut self, id: u32) -> bool {
-        match self.posted.iter().position(|q| q.id == id) {
-            Some(i) => {
-                self.posted.remove(i);
-                true
-            }
-            None => false,
-        }
+        let at = self.posted.iter().position(|q| q.id == id);
+        at.and_then(|i| self.posted.remove(i)).is_some()
     }
 
     /// Takes the in-place offer (CMA, RDMA) out of the unexpected RTS of `src`'s send

@@ -62,6 +62,7 @@ mod coll;
 mod comm;
 mod compute;
 mod engine;
+mod fifo;
 mod matching;
 mod medium;
 mod node;

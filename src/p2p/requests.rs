@@ -309,7 +309,6 @@ struct Slot {
 pub(crate) struct Requests {
     slots: Vec<Slot>,
     free: Vec<u32>,
-    live: usize,
 }
 
 impl Requests {
@@ -341,7 +340,6 @@ impl Requests {
         let was = slot.req.replace(make());
         debug_assert!(was.is_none(), "a free slot held a request");
         std::mem::forget(was);
-        self.live += 1;
         Ok(slot.generation << INDEX_BITS | (index + 1))
     }
 
@@ -367,7 +365,6 @@ impl Requests {
         let slot = &mut self.slots[i];
         slot.generation = (slot.generation + 1) & (u32::MAX >> INDEX_BITS);
         self.free.push(i as u32);
-        self.live -= 1;
         slot.req.take()
     }
 
@@ -376,10 +373,31 @@ impl Requests {
     #[inline(always)]
     pub(crate) fn take_result(&mut self, id: u32) -> Option<Outcome> {
         let i = self.index(id)?;
+        Some(self.take_at(i))
+    }
+
+    /// As [`Requests::take_result`] if request `id` is complete, or `Some(None)` if it
+    /// is unknown (forgotten); `None` while it is unfinished. One lookup where asking
+    /// [`Requests::finished`] and then taking the result would make two.
+    #[inline(always)]
+    pub(crate) fn take_if_finished(&mut self, id: u32) -> Option<Option<Outcome>> {
+        let Some(i) = self.index(id) else {
+            return Some(None);
+        };
+        if !self.slots[i].req.as_ref().is_some_and(Req::is_done) {
+            return None;
+        }
+        Some(Some(self.take_at(i)))
+    }
+
+    /// Takes the result of the request in slot `i`, which holds one, and frees the slot.
+    #[inline(always)]
+    fn take_at(&mut self, i: usize) -> Outcome {
         let slot = &mut self.slots[i];
-        let (result, owns) = match slot.req.as_mut()? {
-            Req::Recv(r) => (r.result.take(), r.owns_something()),
-            Req::Send(s) => (s.result.take(), s.owns_something()),
+        let (result, owns) = match slot.req.as_mut() {
+            Some(Req::Recv(r)) => (r.result.take(), r.owns_something()),
+            Some(Req::Send(s)) => (s.result.take(), s.owns_something()),
+            None => (None, false),
         };
         if owns {
             slot.req = None;
@@ -389,8 +407,7 @@ impl Requests {
         }
         slot.generation = (slot.generation + 1) & (u32::MAX >> INDEX_BITS);
         self.free.push(i as u32);
-        self.live -= 1;
-        Some(result)
+        result
     }
 
     /// Whether request `id` is unknown (forgotten) or complete.
@@ -399,10 +416,10 @@ impl Requests {
         self.get(id).is_none_or(Req::is_done)
     }
 
-    /// Requests alive.
+    /// Requests alive, counted: only tests ask.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.live
+        self.slots.iter().filter(|s| s.req.is_some()).count()
     }
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, &Req)> {

@@ -67,8 +67,9 @@ pub struct Request<'scope> {
     peer: u32,
     tag: i32,
     kind: Kind,
-    /// Still to be released if dropped.
-    live: bool,
+    /// Still to be released if dropped; a cell, so that a list of requests can be
+    /// finished through shared references while their ids are read for the wait.
+    live: Cell<bool>,
     world: u64,
     ptr: *mut u8,
     len: usize,
@@ -90,7 +91,7 @@ impl Drop for Request<'_> {
     // Inline, so that the drop of a finished request, known not to be live, is nothing.
     #[inline]
     fn drop(&mut self) {
-        if self.live && self.id != 0 {
+        if self.live.get() && self.id != 0 {
             self.let_go();
         }
     }
@@ -240,7 +241,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
             ptr,
             len,
             state: &self.state,
-            live: id != 0,
+            live: Cell::new(id != 0),
             _buf: PhantomData,
         }
     }
@@ -413,27 +414,39 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
     }
 
     /// Takes a finished request's result and its buffer back.
-    fn finish(&self, w: &mut World<C>, mut r: Request<'scope>) -> Result<Done<'scope>, P2pError> {
-        self.finish_in_place(w, &mut r)
+    fn finish(&self, w: &mut World<C>, r: Request<'scope>) -> Result<Done<'scope>, P2pError> {
+        let result = self.result_if_done(w, &r).unwrap_or_else(|| {
+            Err(P2pError::InvalidArgument(format!(
+                "request {} is unfinished",
+                r.id
+            )))
+        });
+        Self::done_of(&r, result)
     }
 
-    /// As [`Scope::finish`], leaving the request where it is, spent (it is not live, so
-    /// its drop does nothing): a list of requests is finished without moving each out.
-    #[inline]
-    fn finish_in_place(&self, w: &mut World<C>, r: &mut Request<'scope>) -> Result<Done<'scope>, P2pError> {
-        debug_assert!(r.live || r.id == 0, "a request finished twice");
-        let result = if r.id == 0 {
-            Ok(Status {
+    /// The result of `r` if it is finished, taken from the engine (which forgets the
+    /// request); `None` while it is not.
+    #[inline(always)]
+    fn result_if_done(&self, w: &mut World<C>, r: &Request<'scope>) -> Option<Result<Status, P2pError>> {
+        if r.id == 0 {
+            return Some(Ok(Status {
                 source: r.peer,
                 tag: r.tag,
                 len: r.len,
-            })
-        } else {
-            let res = w.eng.finish(r.id);
-            self.state.unfinished.set(self.state.unfinished.get() - 1);
-            res
-        };
-        r.live = false;
+            }));
+        }
+        let result = w.eng.finish_if_done(r.id)?;
+        self.state.unfinished.set(self.state.unfinished.get() - 1);
+        Some(result)
+    }
+
+    /// The [`Done`] of `r` from its result, leaving the request where it is, spent (it
+    /// is not live, so its drop does nothing): a list of requests is finished without
+    /// moving each out.
+    #[inline]
+    fn done_of(r: &Request<'scope>, result: Result<Status, P2pError>) -> Result<Done<'scope>, P2pError> {
+        debug_assert!(r.live.get() || r.id == 0, "a request finished twice");
+        r.live.set(false);
         let status = result?;
         let (recv, send) = match r.kind {
             // A list of slices (`isend_iov`, `irecv_iov`): the caller keeps them.
@@ -458,30 +471,47 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
     pub fn wait(&self, r: Request<'scope>) -> Result<Done<'scope>, P2pError> {
         let mut w = self.world();
         Self::check_world(&w, &r)?;
-        if !Self::is_complete(&w, &r) {
-            w.wait_all_ids(&[r.id])?;
-        }
-        self.finish(&mut w, r)
+        let mut result = None;
+        w.wait_each(
+            1,
+            |w, _| {
+                result = self.result_if_done(w, &r);
+                result.is_some()
+            },
+            |_| r.id,
+        )?;
+        // The wait ended only once the result was taken; `None` cannot be left.
+        Self::done_of(&r, result.unwrap_or(Err(P2pError::NoActiveRequest)))
     }
 
     /// Waits until every request finishes. Fails with the first failure, after
     /// finishing (or releasing) all of them.
-    pub fn waitall(&self, mut rs: Vec<Request<'scope>>) -> Result<Vec<Done<'scope>>, P2pError> {
+    pub fn waitall(&self, rs: Vec<Request<'scope>>) -> Result<Vec<Done<'scope>>, P2pError> {
         let mut w = self.world();
         for r in &rs {
             Self::check_world(&w, r)?;
         }
-        w.wait_all_of(rs.len(), |i| rs[i].id)?;
         let mut done = Vec::with_capacity(rs.len());
         let mut first_err = None;
-        for r in &mut rs {
-            match self.finish_in_place(&mut w, r) {
-                Ok(d) => done.push(d),
-                Err(e) => {
-                    first_err.get_or_insert(e);
+        // Each request's result is taken as soon as it is seen finished: one look at the
+        // engine's table per request.
+        w.wait_each(
+            rs.len(),
+            |w, i| {
+                let r = &rs[i];
+                let Some(result) = self.result_if_done(w, r) else {
+                    return false;
+                };
+                match Self::done_of(r, result) {
+                    Ok(d) => done.push(d),
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
                 }
-            }
-        }
+                true
+            },
+            |i| rs[i].id,
+        )?;
         first_err.map_or(Ok(done), Err)
     }
 

@@ -86,29 +86,38 @@ impl<C: Channel> World<C> {
     /// request is looked at until it is complete and then never again, so the wait costs
     /// time linear in the number of requests.
     pub(crate) fn wait_all_ids(&mut self, ids: &[u32]) -> Result<(), P2pError> {
-        self.wait_all_of(ids.len(), |i| ids[i])
+        self.wait_each(ids.len(), |w, i| w.eng.reqs.finished(ids[i]), |i| ids[i])
     }
 
-    /// As [`World::wait_all_ids`], for the `n` ids that `id` gives by index (0 names a
-    /// request complete from the start), so that a caller need not gather them first.
+    /// Drives progress until `finished` has said yes to each index of `0..n`, in
+    /// order. It is asked of an index until it says yes and never again, so it may take
+    /// the request's result when it does. `id` names the request of an index (0 for one
+    /// complete from the start), for the checks of failed peers.
     #[inline]
-    pub(crate) fn wait_all_of(&mut self, n: usize, id: impl Fn(usize) -> u32) -> Result<(), P2pError> {
+    pub(crate) fn wait_each(
+        &mut self,
+        n: usize,
+        mut finished: impl FnMut(&mut Self, usize) -> bool,
+        id: impl Fn(usize) -> u32,
+    ) -> Result<(), P2pError> {
         let mut idle = self.core.idle();
         let mut next = 0;
+        // Look, poll, look, idle, and again: `finished` is asked from one place, so
+        // that it is inlined here.
+        let mut polled = false;
         loop {
-            while next < n && self.eng.reqs.finished(id(next)) {
+            while next < n && finished(self, next) {
                 next += 1;
             }
             if next == n {
                 return Ok(());
             }
-            self.progress()?;
-            while next < n && self.eng.reqs.finished(id(next)) {
-                next += 1;
+            if !polled {
+                self.progress()?;
+                polled = true;
+                continue;
             }
-            if next == n {
-                return Ok(());
-            }
+            polled = false;
             let from = next;
             self.idle(&mut idle, &|| describe_wait(n - from), &mut |w| {
                 for i in from..n {
