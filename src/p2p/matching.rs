@@ -1,7 +1,6 @@
 //! MPI's matching: the posted receives and the unexpected messages, each searched in
 //! the order it was made, so that messages between a pair never overtake each other.
 
-use super::fifo::Fifo;
 use super::wire::Rts;
 use std::collections::VecDeque;
 
@@ -20,7 +19,7 @@ pub(crate) fn selected(
 }
 
 /// A receive waiting for its message.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug)]
 pub(crate) struct Posted {
     pub id: u32,
     pub ctx: u32,
@@ -56,7 +55,7 @@ impl Unexpected {
 /// The two queues.
 #[derive(Debug, Default)]
 pub(crate) struct Matching {
-    posted: Fifo<Posted>,
+    posted: VecDeque<Posted>,
     unexpected: VecDeque<Unexpected>,
 }
 
@@ -130,8 +129,13 @@ impl Matching {
 
     /// Withdraws posted receive `id`; says whether it was posted.
     pub(crate) fn cancel(&mut self, id: u32) -> bool {
-        let at = self.posted.iter().position(|q| q.id == id);
-        at.and_then(|i| self.posted.remove(i)).is_some()
+        match self.posted.iter().position(|q| q.id == id) {
+            Some(i) => {
+                self.posted.remove(i);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Takes the in-place offer (CMA, RDMA) out of the unexpected RTS of `src`'s send

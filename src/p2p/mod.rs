@@ -62,7 +62,6 @@ mod coll;
 mod comm;
 mod compute;
 mod engine;
-mod fifo;
 mod matching;
 mod medium;
 mod node;
