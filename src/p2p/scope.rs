@@ -415,13 +415,17 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
 
     /// Takes a finished request's result and its buffer back.
     fn finish(&self, w: &mut World<C>, r: Request<'scope>) -> Result<Done<'scope>, P2pError> {
-        let result = self.result_if_done(w, &r).unwrap_or_else(|| {
-            Err(P2pError::InvalidArgument(format!(
-                "request {} is unfinished",
-                r.id
-            )))
-        });
-        Self::done_of(&r, result)
+        match self.result_if_done(w, &r) {
+            Some(result) => Self::done_of(&r, result),
+            None => Err(Self::unfinished(&r)),
+        }
+    }
+
+    /// What finishing an unfinished request says. Callers finish only complete
+    /// requests; were one not, it stays live, so that its drop lets the engine's go.
+    #[cold]
+    fn unfinished(r: &Request<'scope>) -> P2pError {
+        P2pError::InvalidArgument(format!("request {} is unfinished", r.id))
     }
 
     /// The result of `r` if it is finished, taken from the engine (which forgets the
@@ -480,8 +484,10 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
             },
             |_| r.id,
         )?;
-        // The wait ended only once the result was taken; `None` cannot be left.
-        Self::done_of(&r, result.unwrap_or(Err(P2pError::NoActiveRequest)))
+        match result {
+            Some(result) => Self::done_of(&r, result),
+            None => Err(Self::unfinished(&r)),
+        }
     }
 
     /// Waits until every request finishes. Fails with the first failure, after
