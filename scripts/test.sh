@@ -62,6 +62,7 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --locked -p loom-
 step "instruction count script"
 scripts/icount.sh channel 1000
 scripts/icount.sh p2p 1000
+scripts/icount.sh stream-phases 640
 scripts/icount.sh rma-put 1000
 
 step "fuzz targets"
