@@ -79,10 +79,9 @@ pub(crate) fn job_full<T: Send + 'static>(
                 }
                 let mut cfg = Config::from_lookup(ch.max_payload(), |_| None).unwrap();
                 if force.is_some() {
-                    // The strategy moves every message above the eager limit, offered
-                    // whatever the stream's way.
+                    // The strategy moves every message above the eager limit (the world
+                    // sees it forced, and offers no stream way of its own).
                     cfg.medium_limit = 0;
-                    cfg.stream_copies_limit = 0;
                 }
                 tweak(&mut cfg);
                 f(World::with_config(NemesisChannel::with_netmod(ch, None), cfg).unwrap())
@@ -189,7 +188,6 @@ pub(crate) fn job_nodes_full<T: Send + 'static>(
                 if force.is_some() {
                     // The strategy moves every message above a cell, to every rank.
                     cfg.medium_limit = 0;
-                    cfg.stream_copies_limit = 0;
                     cfg.net_eager_limit = cfg.eager_limit;
                 }
                 f(World::with_config(ch, cfg).unwrap())

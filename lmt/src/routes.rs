@@ -51,6 +51,12 @@ impl<'a> Routes<'a> {
         }
     }
 
+    /// The strategy the policy forces on every large message (`NEMESIS_LMT` naming one,
+    /// or set by [`LocalLmt::set_policy`]), if it does.
+    pub fn forced(&self) -> Option<Strategy> {
+        self.policy.force
+    }
+
     /// From how many bytes a message to another node goes by RDMA read of itself (not
     /// forced), if the netmod offers RDMA: the layer above sends smaller ones eagerly,
     /// and no larger ones.

@@ -2111,6 +2111,29 @@ fn a_long_stream_takes_own_copies_in_turn_and_every_message_arrives_whole() {
     assert!(windows.iter().all(|&(own, r)| own <= r), "{windows:?}");
 }
 
+/// A strategy forced on the channel, however the configuration was made, leaves no
+/// stream way that offers only own copies; one not forced keeps it.
+#[test]
+fn a_forced_strategy_turns_off_the_rendezvous_through_own_copies() {
+    use nemesis_shm::ring::RingGeometry;
+    for force in [Some(Strategy::Cma), None] {
+        let limits = crate::testkit::job_full(
+            2,
+            Geometry::default(),
+            force,
+            None::<RingGeometry>,
+            |c| c.stream_copies_limit = super::DEFAULT_STREAM_COPIES_LIMIT,
+            |w| w.config().stream_copies_limit,
+        );
+        let want = if force.is_some() {
+            0
+        } else {
+            super::DEFAULT_STREAM_COPIES_LIMIT
+        };
+        assert_eq!(limits, [want, want], "{force:?}");
+    }
+}
+
 #[test]
 fn an_answer_above_the_pair_eager_limit_takes_the_pair_buffer_and_a_stream_goes_in_packets() {
     const LEN: usize = 4000;

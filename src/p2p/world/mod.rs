@@ -121,6 +121,11 @@ impl<C: Channel> World<C> {
         if cfg.medium_limit == 0 {
             cfg.stream_tune_limit = 0;
         }
+        // A strategy forced on the channel's large messages (by `NEMESIS_LMT` or by
+        // code) is what they take: no rendezvous that offers only nemesis's own copies.
+        if ch.lmt().forced().is_some() {
+            cfg.stream_copies_limit = 0;
+        }
         cfg.stream_packets_first = cfg.stream_packets_first.min(cfg.medium_limit);
         let (me, size) = (ch.rank(), ch.size());
         let id = crate::bootstrap::random_job_id();

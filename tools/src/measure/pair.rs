@@ -462,9 +462,8 @@ impl Pair {
         let mut ack = [0u8; 4];
         let mut cfg = nemesis::p2p::Config::from_env(self.ch.max_payload()).map_err(other)?;
         if lmt.is_some() {
+            // The world sees the strategy forced: no stream's way of its own either.
             cfg.medium_limit = 0;
-            cfg.stream_tune_limit = 0;
-            cfg.stream_copies_limit = 0;
         }
         if let Some(l) = stream_medium_limit {
             // A way forced: the sender's choice by time stays out of it.
