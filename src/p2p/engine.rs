@@ -599,7 +599,7 @@ impl Engine {
     #[inline(always)]
     pub(crate) fn finish_if_done(&mut self, id: u32) -> Option<Result<Status, P2pError>> {
         let taken = self.reqs.take_if_finished(id)?;
-        Some(Self::outcome(id, taken.flatten()))
+        Some(Self::outcome(id, taken))
     }
 
     #[inline(always)]

@@ -376,28 +376,30 @@ impl Requests {
         Some(self.take_at(i))
     }
 
-    /// As [`Requests::take_result`] if request `id` is complete, or `Some(None)` if it
-    /// is unknown (forgotten); `None` while it is unfinished. One lookup where asking
-    /// [`Requests::finished`] and then taking the result would make two.
+    /// The result of request `id` as [`Requests::take_result`] takes it, if the request
+    /// is complete or unknown (forgotten: no result); `None` while it is unfinished. One
+    /// lookup where asking [`Requests::finished`] and then taking the result would make
+    /// two.
     #[inline(always)]
-    pub(crate) fn take_if_finished(&mut self, id: u32) -> Option<Option<Outcome>> {
+    pub(crate) fn take_if_finished(&mut self, id: u32) -> Option<Outcome> {
         let Some(i) = self.index(id) else {
             return Some(None);
         };
         if !self.slots[i].req.as_ref().is_some_and(Req::is_done) {
             return None;
         }
-        Some(Some(self.take_at(i)))
+        Some(self.take_at(i))
     }
 
-    /// Takes the result of the request in slot `i`, which holds one, and frees the slot.
+    /// Takes the result of the request in slot `i` and frees the slot; an empty slot
+    /// (which `index` never names) is left alone.
     #[inline(always)]
     fn take_at(&mut self, i: usize) -> Outcome {
         let slot = &mut self.slots[i];
         let (result, owns) = match slot.req.as_mut() {
             Some(Req::Recv(r)) => (r.result.take(), r.owns_something()),
             Some(Req::Send(s)) => (s.result.take(), s.owns_something()),
-            None => (None, false),
+            None => return None,
         };
         if owns {
             slot.req = None;

@@ -413,16 +413,8 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         Ok(Self::is_complete(&w, r))
     }
 
-    /// Takes a finished request's result and its buffer back.
-    fn finish(&self, w: &mut World<C>, r: Request<'scope>) -> Result<Done<'scope>, P2pError> {
-        match self.result_if_done(w, &r) {
-            Some(result) => Self::done_of(&r, result),
-            None => Err(Self::unfinished(&r)),
-        }
-    }
-
-    /// What finishing an unfinished request says. Callers finish only complete
-    /// requests; were one not, it stays live, so that its drop lets the engine's go.
+    /// What [`Scope::wait`] says if its wait ended without the result, which it does
+    /// not; the request stays live, so that its drop lets the engine's go.
     #[cold]
     fn unfinished(r: &Request<'scope>) -> P2pError {
         P2pError::InvalidArgument(format!("request {} is unfinished", r.id))
@@ -533,9 +525,14 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         }
         let mut idle = w.core.idle();
         loop {
-            if let Some(i) = rs.iter().position(|r| Self::is_complete(&w, r)) {
+            // The first finished request's result, taken as it is found.
+            let found = rs
+                .iter()
+                .enumerate()
+                .find_map(|(i, r)| self.result_if_done(&mut w, r).map(|res| (i, res)));
+            if let Some((i, result)) = found {
                 let r = rs.remove(i);
-                return self.finish(&mut w, r).map(|d| (i, d));
+                return Self::done_of(&r, result).map(|d| (i, d));
             }
             w.progress()?;
             if rs.iter().any(|r| Self::is_complete(&w, r)) {
