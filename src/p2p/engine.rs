@@ -6,6 +6,7 @@
 use super::comm::ReqComm;
 use super::matching::{Body, Matching, Posted, Unexpected};
 use super::medium::{self, Assembly, Medium, Step};
+use super::quick::{self, Look, QuickRecvs};
 use super::requests::{Bufs, Outcome, RState, RecvReq, Req, Requests, SState};
 use super::rndv::{self, Rndv};
 use super::wire::{self, CTS, DATA, DONE, EAGER, FIN, MDATA, MEDIUM, REVOKE, REVOKED, RTS, Rts, ctrl};
@@ -19,6 +20,8 @@ use nemesis_shm::pairbuf::PairBufs;
 pub(crate) struct Engine {
     pub(crate) matching: Matching,
     pub(crate) reqs: Requests,
+    /// Posted receives of scopes that an eager message completes in place.
+    pub(crate) quick: QuickRecvs,
     pub(crate) rndv: Rndv,
     pub(crate) medium: Medium,
     /// The buffers shared with each local peer, through which medium messages go when
@@ -38,6 +41,7 @@ impl Engine {
         Self {
             matching: Matching::default(),
             reqs: Requests::default(),
+            quick: QuickRecvs::default(),
             rndv: Rndv::default(),
             medium: Medium::new(size),
             pairs: None,
@@ -129,6 +133,9 @@ impl Engine {
 
     #[inline(always)]
     fn on_eager(&mut self, src: u32, ctx: u32, tag: i32, data: &[u8]) {
+        if self.quick.deliver(ctx, src, tag, data) {
+            return;
+        }
         if let Some(q) = self.matching.take_posted(ctx, src, tag) {
             if let Some(Req::Recv(rr)) = self.reqs.get_mut(q.id) {
                 deliver_eager(rr, src, tag, data);
@@ -242,14 +249,14 @@ impl Engine {
             self.check_paired(src, total, first.len())?;
         }
         let (ctx, tag) = (h.context, h.tag);
-        let into = match self.matching.take_posted(ctx, src, tag) {
-            Some(q) => {
-                if let Some(Req::Recv(rr)) = self.reqs.get_mut(q.id) {
+        let into = match self.take_posted(ctx, src, tag) {
+            Some(id) => {
+                if let Some(Req::Recv(rr)) = self.reqs.get_mut(id) {
                     // SAFETY: the buffer is lent (see `Bufs`) and not otherwise in use.
                     unsafe { rr.bufs.write_at(0, first) };
                     rr.state = RState::Arriving { peer: src };
                 }
-                medium::Target::Req(q.id)
+                medium::Target::Req(id)
             }
             None => {
                 let mut v = Vec::with_capacity(total);
@@ -345,6 +352,9 @@ impl Engine {
                 }
             }
             medium::Target::Buffer(data) => {
+                if self.quick.deliver(a.ctx, src, a.tag, &data) {
+                    return;
+                }
                 if let Some(q) = self.matching.take_posted(a.ctx, src, a.tag) {
                     if let Some(Req::Recv(rr)) = self.reqs.get_mut(q.id) {
                         deliver_eager(rr, src, a.tag, &data);
@@ -404,9 +414,8 @@ impl Engine {
             return;
         };
         let (ctx, tag) = (h.context, h.tag);
-        if let Some(q) = self.matching.take_posted(ctx, src, tag) {
-            self.rndv
-                .accept(&mut self.reqs, &mut self.out, q.id, src, rts, tag);
+        if let Some(id) = self.take_posted(ctx, src, tag) {
+            self.rndv.accept(&mut self.reqs, &mut self.out, id, src, rts, tag);
             return;
         }
         self.matching.arrived(Unexpected {
@@ -415,6 +424,18 @@ impl Engine {
             tag,
             body: Body::Rts(rts),
         });
+    }
+
+    /// The earliest posted receive that selects a message of (`ctx`, `src`, `tag`), as a
+    /// request of the table: a quick receive (all older than the table's) is promoted to
+    /// one.
+    fn take_posted(&mut self, ctx: u32, src: u32, tag: i32) -> Option<u32> {
+        if !self.quick.none_posted()
+            && let Some(id) = self.quick.promote(&mut self.reqs, ctx, src, tag)
+        {
+            return Some(id);
+        }
+        self.matching.take_posted(ctx, src, tag).map(|q| q.id)
     }
 
     /// The sender lets go of `send_id`: if its RTS is not yet being read in place, make
@@ -476,6 +497,31 @@ impl Engine {
             None => self.matching.post(Posted { id, ctx, src, tag }),
         }
         Ok(id)
+    }
+
+    /// Posts a quick receive into `buf` for scope `scope` if it can be one: nothing is
+    /// waiting to be matched (no unexpected message, no posted receive of the table, so
+    /// that the ring's entries stay older than the table's), and the ring has room.
+    #[inline(always)]
+    pub(crate) fn start_recv_quick(
+        &mut self,
+        ctx: u32,
+        src: Option<u32>,
+        tag: Option<i32>,
+        buf: nemesis_lmt::Seg,
+        scope: u64,
+    ) -> Option<u32> {
+        if !self.matching.is_empty() {
+            return None;
+        }
+        self.quick.post(ctx, src, tag, buf, scope)
+    }
+
+    /// Whether a blocking receive of (`ctx`, `src`, `tag`) may match fresh packets
+    /// directly (see [`Matching::bypass`]); no quick receive may be waiting either.
+    #[inline(always)]
+    pub(crate) fn bypass(&self, ctx: u32, src: Option<u32>, tag: Option<i32>) -> bool {
+        self.quick.none_posted() && self.matching.bypass(ctx, src, tag)
     }
 
     /// What follows every poll: control packets go out, chunks are pushed, and a
@@ -595,19 +641,56 @@ impl Engine {
         Self::outcome(id, self.reqs.take_result(id).flatten())
     }
 
-    /// As [`Engine::finish`] if request `id` is finished; `None` while it is not.
+    /// As [`Engine::finish`] if request `id` (of the table, or quick) is finished;
+    /// `None` while it is not. The error stays boxed, so that the answer is small.
     #[inline(always)]
-    pub(crate) fn finish_if_done(&mut self, id: u32) -> Option<Result<Status, P2pError>> {
+    pub(crate) fn finish_if_done(&mut self, id: u32) -> Option<Result<Status, Box<P2pError>>> {
+        if quick::is_quick(id) {
+            return match self.quick.look(id) {
+                Look::Pending => None,
+                Look::Finished(r) => Some(r),
+                Look::Table(t) => self.finish_carried(id, t),
+            };
+        }
         let taken = self.reqs.take_if_finished(id)?;
-        Some(Self::outcome(id, taken))
+        Some(Self::outcome_boxed(id, taken))
+    }
+
+    /// [`Engine::finish_if_done`] of quick receive `id`, which request `t` of the table
+    /// carries on: when `t` is finished, both are forgotten.
+    #[inline(never)]
+    fn finish_carried(&mut self, id: u32, t: u32) -> Option<Result<Status, Box<P2pError>>> {
+        let taken = self.reqs.take_if_finished(t)?;
+        self.quick.release(id);
+        Some(Self::outcome_boxed(t, taken))
+    }
+
+    /// Whether request `id` (of the table, or quick) is finished or unknown.
+    #[inline]
+    pub(crate) fn finished(&self, id: u32) -> bool {
+        if quick::is_quick(id) {
+            return match self.quick.finished(id) {
+                Ok(f) => f,
+                Err(t) => self.reqs.finished(t),
+            };
+        }
+        self.reqs.finished(id)
+    }
+
+    /// A taken result, or the error of a request that had none.
+    #[inline(always)]
+    fn outcome_boxed(id: u32, result: Outcome) -> Result<Status, Box<P2pError>> {
+        match result {
+            Some(r) => r,
+            None => Err(Box::new(P2pError::InvalidArgument(format!(
+                "request {id} has no result"
+            )))),
+        }
     }
 
     #[inline(always)]
     fn outcome(id: u32, result: Outcome) -> Result<Status, P2pError> {
-        match result {
-            Some(r) => r.map_err(|e| *e),
-            None => Err(P2pError::InvalidArgument(format!("request {id} has no result"))),
-        }
+        Self::outcome_boxed(id, result).map_err(|e| *e)
     }
 
     /// Every send this engine still owes (released ones included).

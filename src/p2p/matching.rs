@@ -72,6 +72,12 @@ impl Matching {
                     .any(|u| selected(ctx, src, tag, u.ctx, u.src, u.tag)))
     }
 
+    /// Whether nothing is posted and nothing waits unexpected.
+    #[inline(always)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.posted.is_empty() && self.unexpected.is_empty()
+    }
+
     /// Takes the earliest posted receive that selects a message of (`ctx`, `src`, `tag`).
     #[inline]
     pub(crate) fn take_posted(&mut self, ctx: u32, src: u32, tag: i32) -> Option<Posted> {

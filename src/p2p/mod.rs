@@ -66,6 +66,7 @@ mod matching;
 mod medium;
 mod node;
 mod owned;
+mod quick;
 mod requests;
 mod rndv;
 mod scope;

@@ -291,9 +291,11 @@ impl Req {
 }
 
 /// Bits of a request id that index the table; the rest count the slot's reuses, so an
-/// id from the wire that names a finished request is not taken for a newer one.
+/// id from the wire that names a finished request is not taken for a newer one. The top
+/// bit is never set: it marks the ids of quick receives (`quick.rs`).
 const INDEX_BITS: u32 = 20;
 const INDEX_MASK: u32 = (1 << INDEX_BITS) - 1;
+const GENERATION_MASK: u32 = u32::MAX >> (INDEX_BITS + 1);
 /// Most requests alive at once.
 pub(crate) const MAX_REQUESTS: usize = INDEX_MASK as usize - 1;
 
@@ -363,7 +365,7 @@ impl Requests {
     pub(crate) fn remove(&mut self, id: u32) -> Option<Req> {
         let i = self.index(id)?;
         let slot = &mut self.slots[i];
-        slot.generation = (slot.generation + 1) & (u32::MAX >> INDEX_BITS);
+        slot.generation = (slot.generation + 1) & GENERATION_MASK;
         self.free.push(i as u32);
         slot.req.take()
     }
@@ -407,7 +409,7 @@ impl Requests {
             // Nothing to free: the four tests above are cheaper than the drop glue's.
             std::mem::forget(slot.req.take());
         }
-        slot.generation = (slot.generation + 1) & (u32::MAX >> INDEX_BITS);
+        slot.generation = (slot.generation + 1) & GENERATION_MASK;
         self.free.push(i as u32);
         result
     }

@@ -198,6 +198,9 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
             return;
         }
         let number = self.state.number;
+        // Quick receives first: those a request of the table carries on are found
+        // below, as the scope's.
+        w.eng.quick.end_scope(number);
         let left: Vec<u32> = w
             .eng
             .reqs
@@ -280,7 +283,29 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         buf: &'scope mut [u8],
     ) -> Result<Request<'scope>, P2pError> {
         let seg = Seg::of_mut(buf);
-        self.post_recv(comm, src.into(), tag.into(), || Bufs::One(seg), seg.len, seg.ptr)
+        self.post_recv_one(comm, src.into(), tag.into(), seg, seg.ptr)
+    }
+
+    /// [`Scope::post_recv`] into one buffer, `seg`: a quick receive where it can be one.
+    #[inline(always)]
+    fn post_recv_one(
+        &'scope self,
+        comm: &Comm,
+        src: Option<u32>,
+        tag: Option<i32>,
+        seg: Seg,
+        ptr: *mut u8,
+    ) -> Result<Request<'scope>, P2pError> {
+        let mut w = self.world();
+        let c = w.check_comm(comm)?;
+        if let Some(t) = tag {
+            World::<C>::check_tag(t)?;
+        }
+        let id = match w.start_recv_quick(c, src, tag, seg, self.state.number)? {
+            Some(id) => id,
+            None => w.start_recv(c, src, tag, c.ctx, || Bufs::One(seg), seg.len, || self.holder())?,
+        };
+        Ok(self.request(&w, id, Kind::Recv, (0, 0), ptr, seg.len))
     }
 
     /// Posts a receive of up to `len` bytes into the buffers `bufs` makes: what `irecv`
@@ -333,14 +358,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
             )));
         }
         let seg = Seg { ptr: buf, len };
-        self.post_recv(
-            comm,
-            src.into(),
-            tag.into(),
-            || Bufs::One(seg),
-            len,
-            std::ptr::null_mut(),
-        )
+        self.post_recv_one(comm, src.into(), tag.into(), seg, std::ptr::null_mut())
     }
 
     /// Starts sending the concatenation of `bufs` to rank `dest` of `comm`, without
@@ -399,7 +417,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
     }
 
     fn is_complete(w: &World<C>, r: &Request<'_>) -> bool {
-        r.id == 0 || w.eng.reqs.finished(r.id)
+        r.id == 0 || w.eng.finished(r.id)
     }
 
     /// Makes progress; returns whether the request has finished (then [`Scope::wait`]
@@ -423,7 +441,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
     /// The result of `r` if it is finished, taken from the engine (which forgets the
     /// request); `None` while it is not.
     #[inline(always)]
-    fn result_if_done(&self, w: &mut World<C>, r: &Request<'scope>) -> Option<Result<Status, P2pError>> {
+    fn result_if_done(&self, w: &mut World<C>, r: &Request<'scope>) -> Option<Result<Status, Box<P2pError>>> {
         if r.id == 0 {
             return Some(Ok(Status {
                 source: r.peer,
@@ -440,7 +458,10 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
     /// is not live, so its drop does nothing): a list of requests is finished without
     /// moving each out.
     #[inline]
-    fn done_of(r: &Request<'scope>, result: Result<Status, P2pError>) -> Result<Done<'scope>, P2pError> {
+    fn done_of(
+        r: &Request<'scope>,
+        result: Result<Status, Box<P2pError>>,
+    ) -> Result<Done<'scope>, Box<P2pError>> {
         debug_assert!(r.live.get() || r.id == 0, "a request finished twice");
         r.live.set(false);
         let status = result?;
@@ -477,7 +498,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
             |_| r.id,
         )?;
         match result {
-            Some(result) => Self::done_of(&r, result),
+            Some(result) => Self::done_of(&r, result).map_err(|e| *e),
             None => Err(Self::unfinished(&r)),
         }
     }
@@ -510,7 +531,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
             },
             |i| rs[i].id,
         )?;
-        first_err.map_or(Ok(done), Err)
+        first_err.map_or(Ok(done), |e| Err(*e))
     }
 
     /// Waits until one of the requests finishes, takes it out of `rs`, and returns its
@@ -532,7 +553,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
                 .find_map(|(i, r)| self.result_if_done(&mut w, r).map(|res| (i, res)));
             if let Some((i, result)) = found {
                 let r = rs.remove(i);
-                return Self::done_of(&r, result).map(|d| (i, d));
+                return Self::done_of(&r, result).map(|d| (i, d)).map_err(|e| *e);
             }
             w.progress()?;
             if rs.iter().any(|r| Self::is_complete(&w, r)) {

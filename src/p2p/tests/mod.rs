@@ -245,6 +245,115 @@ fn a_dropped_receive_is_cancelled_and_the_message_goes_to_the_next() {
 }
 
 #[test]
+fn quick_receives_and_the_tables_match_in_the_order_they_were_posted() {
+    job(2, |mut w| {
+        let c = w.comm();
+        if w.rank() == 1 {
+            let mut bufs = [[0u8; 4]; 5];
+            let [a, b, cc, d, e] = &mut bufs;
+            let got = w.scope(|s| {
+                // Quick (one buffer, nothing waiting), quick, then one of the table (a
+                // list of buffers): those after it go to the table too.
+                let r = [
+                    s.irecv(&c, ANY_SOURCE, 1, a).unwrap(),
+                    s.irecv(&c, 0, ANY_TAG, b).unwrap(),
+                    s.irecv_iov(&c, 0, 1, [&mut cc[..]]).unwrap(),
+                    s.irecv(&c, 0, 2, d).unwrap(),
+                    s.irecv(&c, ANY_SOURCE, ANY_TAG, e).unwrap(),
+                ];
+                assert_eq!(s.world().eng.quick.posted(), 2, "the first two are quick");
+                s.world().send(&c, 0, 9, b"go").unwrap();
+                let v: Vec<Request> = r.into_iter().collect();
+                s.waitall(v)
+                    .unwrap()
+                    .iter()
+                    .map(|d| (d.status().tag, d.status().len))
+                    .collect::<Vec<_>>()
+            });
+            // Sent: tag 2 "t2-a", tag 1 "t1-b", tag 1 "t1-c", tag 2 "t2-d", tag 3 "t3-e".
+            assert_eq!(got, vec![(1, 4), (2, 4), (1, 4), (2, 4), (3, 4)]);
+            assert_eq!(&bufs, &[*b"t1-b", *b"t2-a", *b"t1-c", *b"t2-d", *b"t3-e"]);
+            assert_eq!(w.eng.quick.alive(), 0, "every quick receive is freed");
+        } else {
+            w.recv(&c, 1, 9, &mut [0u8; 2]).unwrap();
+            for (tag, m) in [
+                (2, b"t2-a"),
+                (1, b"t1-b"),
+                (1, b"t1-c"),
+                (2, b"t2-d"),
+                (3, b"t3-e"),
+            ] {
+                w.send(&c, 1, tag, m).unwrap();
+            }
+        }
+    });
+}
+
+#[test]
+fn quick_receives_taken_by_medium_and_large_messages_complete_through_the_table() {
+    job(2, |mut w| {
+        let c = w.comm();
+        let sizes = [8usize, 20_000, 300_000, 1 << 20, 8];
+        if w.rank() == 1 {
+            let mut bufs: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0u8; n]).collect();
+            w.scope(|s| {
+                let r: Vec<Request> = bufs.iter_mut().map(|b| s.irecv(&c, 0, 4, b).unwrap()).collect();
+                assert_eq!(s.world().eng.quick.posted(), sizes.len() as u32);
+                s.world().send(&c, 0, 9, b"go").unwrap();
+                for (d, &n) in s.waitall(r).unwrap().iter().zip(&sizes) {
+                    assert_eq!(
+                        d.status(),
+                        Status {
+                            source: 0,
+                            tag: 4,
+                            len: n
+                        }
+                    );
+                }
+            });
+            for (i, b) in bufs.iter().enumerate() {
+                assert!(
+                    *b == pattern(i as u32, sizes[i]),
+                    "message {i} of {} bytes",
+                    sizes[i]
+                );
+            }
+            assert_eq!((w.eng.quick.alive(), w.eng.reqs.len()), (0, 0));
+        } else {
+            w.recv(&c, 1, 9, &mut [0u8; 2]).unwrap();
+            for (i, &n) in sizes.iter().enumerate() {
+                w.send(&c, 1, 4, &pattern(i as u32, n)).unwrap();
+            }
+        }
+    });
+}
+
+#[test]
+fn more_receives_than_the_quick_ring_holds_all_complete_in_order() {
+    job(2, |mut w| {
+        let c = w.comm();
+        let n = super::quick::QUICK_SLOTS + 40;
+        if w.rank() == 1 {
+            let mut bufs = vec![[0u8; 4]; n];
+            w.scope(|s| {
+                let r: Vec<Request> = bufs.iter_mut().map(|b| s.irecv(&c, 0, 3, b).unwrap()).collect();
+                s.world().send(&c, 0, 9, b"go").unwrap();
+                let done = s.waitall(r).unwrap();
+                assert_eq!(done.len(), n);
+            });
+            for (i, b) in bufs.iter().enumerate() {
+                assert_eq!(u32::from_le_bytes(*b), i as u32, "receive {i}");
+            }
+        } else {
+            w.recv(&c, 1, 9, &mut [0u8; 2]).unwrap();
+            for i in 0..n as u32 {
+                w.send(&c, 1, 3, &i.to_le_bytes()).unwrap();
+            }
+        }
+    });
+}
+
+#[test]
 fn a_dropped_large_send_still_delivers_the_original_bytes() {
     job(2, |mut w| {
         let c = w.comm();

@@ -104,7 +104,7 @@ impl<C: Channel> World<C> {
             None => None,
             Some(s) => Some(c.world_of(s)?),
         };
-        if self.eng.matching.bypass(ctx, src_w, tag) {
+        if self.eng.bypass(ctx, src_w, tag) {
             // The message is most likely the next one from a named source, waiting in
             // its fastbox: try for just that first.
             if let Some(s) = src_w {

@@ -433,6 +433,10 @@ impl<C: Channel> World<C> {
 
     /// Fails request `id` if the peer it depends on is known to be gone.
     pub(crate) fn check_failed(&mut self, id: u32) {
+        if crate::p2p::quick::is_quick(id) {
+            self.check_failed_quick(id);
+            return;
+        }
         let Some(req) = self.eng.reqs.get(id) else { return };
         let comm = match engine::comm_of(req).inner() {
             Some(c) => c.clone(),
@@ -477,6 +481,35 @@ impl<C: Channel> World<C> {
                     lmt.end(&x);
                 }
                 lmt.peer_terminated(p);
+                return;
+            }
+        }
+    }
+
+    /// [`World::check_failed`] for a quick receive: a posted one fails if its source
+    /// (for any source, a rank of the world) is gone; one that a request of the table
+    /// carries on is that request's to check.
+    fn check_failed_quick(&mut self, id: u32) {
+        if let Some(t) = self.eng.quick.carrier(id) {
+            self.check_failed(t);
+            return;
+        }
+        let Some(src) = self.eng.quick.waits_on(id) else {
+            return;
+        };
+        let world = self.world.inner.clone();
+        let one = [src.unwrap_or(0)];
+        let peers: &[u32] = if src.is_some() { &one } else { &world.ranks };
+        let me = self.rank();
+        for &p in peers.iter().filter(|&&p| p != me) {
+            if let Err(e) = self.core.ch.check_peer(p) {
+                let reason = match e {
+                    crate::ChannelError::PeerFailed { reason, .. } => reason,
+                    other => other.to_string(),
+                };
+                self.eng.quick.fail(id, P2pError::PeerFailed { rank: p, reason });
+                self.eng.peer_terminated(p);
+                self.core.ch.lmt().peer_terminated(p);
                 return;
             }
         }

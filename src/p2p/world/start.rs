@@ -295,4 +295,23 @@ impl<C: Channel> World<C> {
         self.settle()?;
         Ok(id)
     }
+
+    /// Posts a scope's receive into the one buffer `buf` as a quick receive
+    /// (`quick.rs`) if it can be one: on a communicator whose ranks are the world's,
+    /// with nothing waiting to be matched. `None`: it must be a request of the table.
+    #[inline(always)]
+    pub(crate) fn start_recv_quick(
+        &mut self,
+        comm: &Arc<CommInner>,
+        src: Option<u32>,
+        tag: Option<i32>,
+        buf: nemesis_lmt::Seg,
+        scope: u64,
+    ) -> Result<Option<u32>, P2pError> {
+        if !comm.identity {
+            return Ok(None);
+        }
+        let src = Self::src_sel(comm, src)?;
+        Ok(self.eng.start_recv_quick(comm.ctx, src, tag, buf, scope))
+    }
 }

@@ -145,6 +145,14 @@ impl<C: Channel> World<C> {
     /// transfer to end, whichever comes first; a receive being written waits for the
     /// writer. A dead peer ends the wait.
     pub(crate) fn release(&mut self, id: u32) {
+        if crate::p2p::quick::is_quick(id) {
+            // A quick receive never lends its pages in place; the request that carries
+            // it on, if any, might.
+            if let Some(t) = self.eng.quick.release(id) {
+                self.release(t);
+            }
+            return;
+        }
         if self.eng.holds_in_place(id) {
             if let Some(Req::Send(s)) = self.eng.reqs.get(id)
                 && matches!(s.state, SState::WaitCts)
