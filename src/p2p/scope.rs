@@ -47,6 +47,9 @@ pub(crate) struct ScopeState {
     /// Requests of this scope that the engine still knows and nobody has finished or
     /// dropped: when none, the scope's end has nothing to look for.
     unfinished: Cell<usize>,
+    /// The id of the scope's world, which its requests name through this state rather
+    /// than each keeping a copy: a smaller request to move.
+    world: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,7 +73,6 @@ pub struct Request<'scope> {
     /// Still to be released if dropped; a cell, so that a list of requests can be
     /// finished through shared references while their ids are read for the wait.
     live: Cell<bool>,
-    world: u64,
     ptr: *mut u8,
     len: usize,
     state: &'scope ScopeState,
@@ -152,6 +154,7 @@ impl<C: Channel> World<C> {
                 dropped: RefCell::default(),
                 any_dropped: Cell::new(false),
                 unfinished: Cell::new(0),
+                world: self.id,
             },
             world: RefCell::new(self),
             _scope: PhantomData,
@@ -225,7 +228,6 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
     #[inline]
     fn request(
         &'scope self,
-        w: &World<C>,
         id: u32,
         kind: Kind,
         (peer, tag): (u32, i32),
@@ -239,7 +241,6 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
             id,
             peer,
             tag,
-            world: w.id,
             kind,
             ptr,
             len,
@@ -264,7 +265,6 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         World::<C>::check_tag(tag)?;
         let id = w.start_send(c, dest, tag, c.ctx, buf, self.holder())?;
         Ok(self.request(
-            &w,
             id.unwrap_or(0),
             Kind::Send,
             (dest, tag),
@@ -305,7 +305,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
             Some(id) => id,
             None => w.start_recv(c, src, tag, c.ctx, || Bufs::One(seg), seg.len, || self.holder())?,
         };
-        Ok(self.request(&w, id, Kind::Recv, (0, 0), ptr, seg.len))
+        Ok(self.request(id, Kind::Recv, (0, 0), ptr, seg.len))
     }
 
     /// Posts a receive of up to `len` bytes into the buffers `bufs` makes: what `irecv`
@@ -327,7 +327,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
             World::<C>::check_tag(t)?;
         }
         let id = w.start_recv(c, src, tag, c.ctx, bufs, len, || self.holder())?;
-        Ok(self.request(&w, id, Kind::Recv, (0, 0), ptr, len))
+        Ok(self.request(id, Kind::Recv, (0, 0), ptr, len))
     }
 
     /// Starts receiving a message from `src` with `tag` into the `len` bytes at `buf`,
@@ -378,7 +378,6 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         let len = segs.iter().map(|s| s.len).sum();
         let id = w.start_send_bufs(c, dest, tag, c.ctx, Bufs::Many(segs), len, self.holder())?;
         Ok(self.request(
-            &w,
             id.unwrap_or(0),
             Kind::Send,
             (dest, tag),
@@ -409,7 +408,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
     }
 
     fn check_world(w: &World<C>, r: &Request<'_>) -> Result<(), P2pError> {
-        if r.world != w.id {
+        if r.state.world != w.id {
             Err(P2pError::WrongWorld("request"))
         } else {
             Ok(())
