@@ -76,11 +76,15 @@ pub fn nemesis_icount_stream_window(
         a.scope(|sa| {
             let mut recvs = Vec::with_capacity(WINDOW);
             for buf in into.iter_mut() {
-                recvs.extend(sb.irecv(cb, 0, 1, buf).ok());
+                if let Ok(r) = sb.irecv(cb, 0, 1, buf) {
+                    recvs.push(r);
+                }
             }
             let mut sends = Vec::with_capacity(WINDOW);
             for _ in 0..WINDOW {
-                sends.extend(sa.isend(ca, 1, 1, msg).ok());
+                if let Ok(r) = sa.isend(ca, 1, 1, msg) {
+                    sends.push(r);
+                }
             }
             let sent = sa.waitall(sends).map_or(0, |d| d.len());
             let got = sb

@@ -46,7 +46,9 @@ pub fn nemesis_icount_stream_irecvs<'s>(
 ) -> Vec<Request<'s>> {
     let mut recvs = Vec::with_capacity(WINDOW);
     for buf in into.iter_mut() {
-        recvs.extend(sb.irecv(cb, 0, 1, buf).ok());
+        if let Ok(r) = sb.irecv(cb, 0, 1, buf) {
+            recvs.push(r);
+        }
     }
     recvs
 }
@@ -61,7 +63,9 @@ pub fn nemesis_icount_stream_isends<'s>(
 ) -> Vec<Request<'s>> {
     let mut sends = Vec::with_capacity(WINDOW);
     for _ in 0..WINDOW {
-        sends.extend(sa.isend(ca, 1, 1, msg).ok());
+        if let Ok(r) = sa.isend(ca, 1, 1, msg) {
+            sends.push(r);
+        }
     }
     sends
 }
