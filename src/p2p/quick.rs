@@ -105,7 +105,8 @@ impl Look {
 pub(crate) struct QuickRecvs {
     /// Indexed by position modulo the length, which the type fixes: no bounds checks.
     entries: Box<[Entry; QUICK_SLOTS]>,
-    /// The oldest entry not freed.
+    /// No entry before this one is alive; those after it may have been freed since it
+    /// last moved (see [`QuickRecvs::reclaim`]).
     head: u32,
     /// No entry before this one is posted.
     next: u32,
@@ -146,7 +147,7 @@ impl QuickRecvs {
         scope: u64,
     ) -> Option<u32> {
         let pos = self.tail;
-        if pos.wrapping_sub(self.head) >= QUICK_SLOTS as u32 {
+        if pos.wrapping_sub(self.head) >= QUICK_SLOTS as u32 && !self.reclaim() {
             return None;
         }
         let id = QUICK_BIT | pos;
@@ -287,7 +288,6 @@ impl QuickRecvs {
             }
             _ => Err(Box::new(self.take_error(i))),
         };
-        self.freed(i);
         Look::Finished(result)
     }
 
@@ -323,27 +323,24 @@ impl QuickRecvs {
             self.posted -= 1;
         }
         e.state = State::Free;
-        self.freed(i);
     }
 
-    /// The entry in slot `i` was freed: the ring's head moves past the free ones. Taken
-    /// in order, the freed entry is the head and the next one is not free.
-    #[inline(always)]
-    fn freed(&mut self, i: usize) {
-        if i != (self.head & MASK) as usize {
-            return;
+    /// Moves the ring's head past the entries freed since it last moved; says whether
+    /// that made room. Only a post that finds the ring full asks, so a freed entry costs
+    /// nothing when it is freed, and each is passed over once.
+    #[inline(never)]
+    fn reclaim(&mut self) -> bool {
+        let old = self.head;
+        let mut head = old;
+        while head != self.tail && matches!(self.entries[(head & MASK) as usize].state, State::Free) {
+            head = head.wrapping_add(1);
         }
-        loop {
-            if self.next == self.head {
-                self.next = self.next.wrapping_add(1);
-            }
-            self.head = self.head.wrapping_add(1);
-            if self.head == self.tail
-                || !matches!(self.entries[(self.head & MASK) as usize].state, State::Free)
-            {
-                return;
-            }
+        // Nothing before the head is posted: `next` never lags behind it.
+        if self.next.wrapping_sub(old) < head.wrapping_sub(old) {
+            self.next = head;
         }
+        self.head = head;
+        self.tail.wrapping_sub(head) < QUICK_SLOTS as u32
     }
 
     /// Lets quick receive `id` go: cancelled if posted, forgotten if finished. Returns
