@@ -283,40 +283,29 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         buf: &'scope mut [u8],
     ) -> Result<Request<'scope>, P2pError> {
         let seg = Seg::of_mut(buf);
-        self.post_recv_one(comm, src.into(), tag.into(), seg, seg.ptr)
-    }
-
-    /// [`Scope::post_recv`] into one buffer, `seg`: a quick receive where it can be one.
-    #[inline(always)]
-    fn post_recv_one(
-        &'scope self,
-        comm: &Comm,
-        src: Option<u32>,
-        tag: Option<i32>,
-        seg: Seg,
-        ptr: *mut u8,
-    ) -> Result<Request<'scope>, P2pError> {
-        let mut w = self.world();
-        let c = w.check_comm(comm)?;
-        if let Some(t) = tag {
-            World::<C>::check_tag(t)?;
-        }
-        let id = match w.start_recv_quick(c, src, tag, seg, self.state.number)? {
-            Some(id) => id,
-            None => w.start_recv(c, src, tag, c.ctx, || Bufs::One(seg), seg.len, || self.holder())?,
-        };
-        Ok(self.request(id, Kind::Recv, (0, 0), ptr, seg.len))
+        self.post_recv(
+            comm,
+            src.into(),
+            tag.into(),
+            Some(seg),
+            || Bufs::One(seg),
+            seg.len,
+            seg.ptr,
+        )
     }
 
     /// Posts a receive of up to `len` bytes into the buffers `bufs` makes: what `irecv`
-    /// and its kin share. `ptr` is the one buffer the [`Done`] lends back, or null for
+    /// and its kin share. With `one`, the one buffer, it is a quick receive where it can
+    /// be one (`quick.rs`). `ptr` is the one buffer the [`Done`] lends back, or null for
     /// none.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     fn post_recv(
         &'scope self,
         comm: &Comm,
         src: Option<u32>,
         tag: Option<i32>,
+        one: Option<Seg>,
         bufs: impl FnOnce() -> Bufs,
         len: usize,
         ptr: *mut u8,
@@ -326,7 +315,14 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         if let Some(t) = tag {
             World::<C>::check_tag(t)?;
         }
-        let id = w.start_recv(c, src, tag, c.ctx, bufs, len, || self.holder())?;
+        let quick = match one {
+            Some(seg) => w.start_recv_quick(c, src, tag, seg, self.state.number)?,
+            None => None,
+        };
+        let id = match quick {
+            Some(id) => id,
+            None => w.start_recv(c, src, tag, c.ctx, bufs, len, || self.holder())?,
+        };
         Ok(self.request(id, Kind::Recv, (0, 0), ptr, len))
     }
 
@@ -358,7 +354,15 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
             )));
         }
         let seg = Seg { ptr: buf, len };
-        self.post_recv_one(comm, src.into(), tag.into(), seg, std::ptr::null_mut())
+        self.post_recv(
+            comm,
+            src.into(),
+            tag.into(),
+            Some(seg),
+            || Bufs::One(seg),
+            len,
+            std::ptr::null_mut(),
+        )
     }
 
     /// Starts sending the concatenation of `bufs` to rank `dest` of `comm`, without
@@ -401,6 +405,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
             comm,
             src.into(),
             tag.into(),
+            None,
             || Bufs::Many(segs),
             len,
             std::ptr::null_mut(),
