@@ -744,6 +744,41 @@ mod tests {
     use crate::p2p::requests::MAX_REQUESTS;
 
     #[test]
+    fn a_quick_receive_that_cannot_be_promoted_fails_and_the_rts_waits_for_the_next() {
+        let mut e = Engine::new(2);
+        let mut buf = [0u8; 8];
+        let id = e
+            .start_recv_quick(0, Some(1), Some(5), nemesis_lmt::Seg::of_mut(&mut buf), 1)
+            .expect("a quick receive");
+        for _ in 0..MAX_REQUESTS {
+            e.reqs
+                .insert(Req::Recv(RecvReq::new(Bufs::NONE, 0, ReqComm::Identity, None)))
+                .unwrap();
+        }
+        // An RTS of 1 MiB offering chunks: it needs a request of the table, and the
+        // table is full.
+        let mut rts = (1u64 << 20).to_le_bytes().to_vec();
+        rts.push(nemesis_lmt::Strategies::CHUNKS.0);
+        let h = Header {
+            kind: RTS,
+            context: 0,
+            tag: 5,
+            aux: 7,
+            flags: 0,
+        };
+        e.handle(1, &h, &rts);
+        match e.finish_if_done(id) {
+            Some(Err(err)) => assert!(matches!(*err, P2pError::InvalidArgument(_)), "{err}"),
+            other => panic!("the receive did not fail: {other:?}"),
+        }
+        assert!(
+            e.matching.peek_unexpected(0, Some(1), Some(5)).is_some(),
+            "the RTS is kept for the next receive"
+        );
+        assert_eq!(e.quick.alive(), 0);
+    }
+
+    #[test]
     fn a_receive_refused_for_want_of_a_slot_leaves_the_waiting_message_queued() {
         let mut e = Engine::new(2);
         e.handle(1, &wire::eager(0, 5), b"hello");
