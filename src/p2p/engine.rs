@@ -669,9 +669,9 @@ impl Engine {
     #[inline]
     pub(crate) fn finished(&self, id: u32) -> bool {
         if quick::is_quick(id) {
-            return match self.quick.finished(id) {
-                Ok(f) => f,
-                Err(t) => self.reqs.finished(t),
+            return match self.quick.carrier(id) {
+                Some(t) => self.reqs.finished(t),
+                None => self.quick.finished(id),
             };
         }
         self.reqs.finished(id)
