@@ -463,27 +463,32 @@ impl<C: Channel> World<C> {
                 &one
             }
         };
-        let me = self.rank();
-        for &p in peers {
-            if p == me {
-                continue;
+        if let Some((p, reason)) = self.first_gone(peers) {
+            let rank = comm.rank_of(p).unwrap_or(p);
+            let x = self.eng.fail(id, P2pError::PeerFailed { rank, reason });
+            self.eng.peer_terminated(p);
+            let mut lmt = self.core.ch.lmt();
+            for x in x {
+                lmt.end(&x);
             }
+            lmt.peer_terminated(p);
+        }
+    }
+
+    /// The first of `peers` (world ranks, this one skipped) the channel finds gone, and
+    /// why.
+    fn first_gone(&mut self, peers: &[u32]) -> Option<(u32, String)> {
+        let me = self.rank();
+        for &p in peers.iter().filter(|&&p| p != me) {
             if let Err(e) = self.core.ch.check_peer(p) {
                 let reason = match e {
                     crate::ChannelError::PeerFailed { reason, .. } => reason,
                     other => other.to_string(),
                 };
-                let rank = comm.rank_of(p).unwrap_or(p);
-                let x = self.eng.fail(id, P2pError::PeerFailed { rank, reason });
-                self.eng.peer_terminated(p);
-                let mut lmt = self.core.ch.lmt();
-                for x in x {
-                    lmt.end(&x);
-                }
-                lmt.peer_terminated(p);
-                return;
+                return Some((p, reason));
             }
         }
+        None
     }
 
     /// [`World::check_failed`] for a quick receive: a posted one fails if its source
@@ -500,18 +505,10 @@ impl<C: Channel> World<C> {
         let world = self.world.inner.clone();
         let one = [src.unwrap_or(0)];
         let peers: &[u32] = if src.is_some() { &one } else { &world.ranks };
-        let me = self.rank();
-        for &p in peers.iter().filter(|&&p| p != me) {
-            if let Err(e) = self.core.ch.check_peer(p) {
-                let reason = match e {
-                    crate::ChannelError::PeerFailed { reason, .. } => reason,
-                    other => other.to_string(),
-                };
-                self.eng.quick.fail(id, P2pError::PeerFailed { rank: p, reason });
-                self.eng.peer_terminated(p);
-                self.core.ch.lmt().peer_terminated(p);
-                return;
-            }
+        if let Some((p, reason)) = self.first_gone(peers) {
+            self.eng.quick.fail(id, P2pError::PeerFailed { rank: p, reason });
+            self.eng.peer_terminated(p);
+            self.core.ch.lmt().peer_terminated(p);
         }
     }
 }
