@@ -430,9 +430,7 @@ impl Engine {
     /// request of the table: a quick receive (all older than the table's) is promoted to
     /// one.
     fn take_posted(&mut self, ctx: u32, src: u32, tag: i32) -> Option<u32> {
-        if !self.quick.none_posted()
-            && let Some(id) = self.quick.promote(&mut self.reqs, ctx, src, tag)
-        {
+        if let Some(id) = self.quick.promote(&mut self.reqs, ctx, src, tag) {
             return Some(id);
         }
         self.matching.take_posted(ctx, src, tag).map(|q| q.id)
