@@ -38,7 +38,10 @@ RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps -p nemesis-net --feature
 echo "verbs-test: the verbs layer on the host (no device here: the device tests skip)"
 cargo test --locked -p nemesis-net --features verbs --lib verbs
 
-runner="$tool/run.sh --timeout 600 --rw $PWD/target --"
+# A VM that dies before its command gives a status (exit 125) is started once more:
+# scripts/vm-retry.sh. A failing test is never retried.
+retry=$PWD/scripts/vm-retry.sh
+runner="$retry $tool/run.sh --timeout 600 --rw $PWD/target --"
 
 echo "verbs-test: the conformance suite over ud in the Soft-RoCE VM"
 cargo test --locked -p nemesis-net --features verbs --test verbs --no-run
@@ -48,7 +51,7 @@ CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$runner" \
 echo "verbs-test: past the memory-lock limit as an unprivileged user, a clear error"
 bin=$(cargo test --locked -p nemesis-net --features verbs --test verbs --no-run --message-format=json |
     grep -o '"executable":"[^"]*"' | cut -d'"' -f4)
-"$tool/run.sh" --timeout 300 --rw "$PWD/target" -- \
+"$retry" "$tool/run.sh" --timeout 300 --rw "$PWD/target" -- \
     setpriv --reuid=65534 --regid=65534 --clear-groups -- env NEM_TEST_MEMLOCK=1 \
     bash -c 'ulimit -l 8192 && exec "$0" --exact registration_past_the_memory_lock_limit_names_ulimit' "$bin"
 
@@ -64,16 +67,7 @@ NEM_TEST_PREBUILT=1 CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$runner" \
 # Two VMs: run2.sh exits 125 when a VM or its setup fails before the command runs (the
 # emulated boot sometimes does, rxe-vm's README says); that, and only that, is tried once
 # more.
-two_vm() {
-    local rc=0
-    "$tool/run2.sh" "$@" || rc=$?
-    if [ "$rc" = 125 ]; then
-        echo "verbs-test: a VM did not come up; once more"
-        rc=0
-        "$tool/run2.sh" "$@" || rc=$?
-    fi
-    return "$rc"
-}
+two_vm() { "$retry" "$tool/run2.sh" "$@"; }
 
 # The link loses, duplicates and reorders datagrams: the reliability layer must repair it,
 # so every byte goes through it (ud's RDMA side off). Large messages read over RC pairs
