@@ -454,7 +454,9 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
             }));
         }
         let result = w.eng.finish_if_done(r.id)?;
-        self.state.unfinished.set(self.state.unfinished.get() - 1);
+        // The request's own scope's count: an outer scope's request may be finished
+        // in an inner scope of the same world.
+        r.state.unfinished.set(r.state.unfinished.get() - 1);
         Some(result)
     }
 

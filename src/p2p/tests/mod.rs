@@ -448,6 +448,37 @@ fn an_inner_scope_ends_without_touching_the_outer_scopes_requests() {
 }
 
 #[test]
+fn an_outer_scopes_requests_can_be_finished_in_an_inner_scope() {
+    job(2, |mut w| {
+        let c = w.comm();
+        if w.rank() == 1 {
+            let (mut a, mut b) = ([0u8; 4], [0u8; 4]);
+            w.scope(|s| {
+                let ra = s.irecv(&c, 0, 5, &mut a).unwrap();
+                let rb = s.irecv(&c, 0, 6, &mut b).unwrap();
+                s.world().send(&c, 0, 1, b"go").unwrap();
+                // Each request counts as its own scope's: neither scope's count of
+                // unfinished requests may go wrong (below zero, the inner one would).
+                let (da, db) = s.world().scope(|t| {
+                    let da = t.wait(ra).unwrap().status();
+                    let mut rs = t.waitall(vec![rb]).unwrap();
+                    (da, rs.pop().unwrap().status())
+                });
+                assert_eq!((da.tag, da.len, db.tag, db.len), (5, 4, 6, 4));
+                let outer = format!("{s:?}");
+                assert!(outer.contains("unfinished: 0"), "{outer}");
+            });
+            assert_eq!((&a, &b), (b"ping", b"pong"));
+        } else {
+            let mut go = [0u8; 2];
+            w.recv(&c, 1, 1, &mut go).unwrap();
+            w.send(&c, 1, 5, b"ping").unwrap();
+            w.send(&c, 1, 6, b"pong").unwrap();
+        }
+    });
+}
+
+#[test]
 fn bad_arguments_are_typed_errors() {
     job(2, |mut w| {
         let c = w.comm();
