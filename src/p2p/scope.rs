@@ -283,30 +283,19 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         buf: &'scope mut [u8],
     ) -> Result<Request<'scope>, P2pError> {
         let seg = Seg::of_mut(buf);
-        self.post_recv(
-            comm,
-            src.into(),
-            tag.into(),
-            Some(seg),
-            || Bufs::One(seg),
-            seg.len,
-            seg.ptr,
-        )
+        self.post_recv(comm, src.into(), tag.into(), Bufs::One(seg), seg.len, seg.ptr)
     }
 
-    /// Posts a receive of up to `len` bytes into the buffers `bufs` makes: what `irecv`
-    /// and its kin share. With `one`, the one buffer, it is a quick receive where it can
-    /// be one (`quick.rs`). `ptr` is the one buffer the [`Done`] lends back, or null for
-    /// none.
+    /// Posts a receive of up to `len` bytes into `bufs`: what `irecv` and its kin share.
+    /// Into one buffer, it is a quick receive where it can be one (`quick.rs`). `ptr` is
+    /// the one buffer the [`Done`] lends back, or null for none.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
     fn post_recv(
         &'scope self,
         comm: &Comm,
         src: Option<u32>,
         tag: Option<i32>,
-        one: Option<Seg>,
-        bufs: impl FnOnce() -> Bufs,
+        bufs: Bufs,
         len: usize,
         ptr: *mut u8,
     ) -> Result<Request<'scope>, P2pError> {
@@ -315,13 +304,13 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         if let Some(t) = tag {
             World::<C>::check_tag(t)?;
         }
-        let quick = match one {
-            Some(seg) => w.start_recv_quick(c, src, tag, seg, self.state.number)?,
-            None => None,
+        let quick = match bufs {
+            Bufs::One(seg) => w.start_recv_quick(c, src, tag, seg, self.state.number)?,
+            Bufs::Many(_) => None,
         };
         let id = match quick {
             Some(id) => id,
-            None => w.start_recv(c, src, tag, c.ctx, bufs, len, || self.holder())?,
+            None => w.start_recv(c, src, tag, c.ctx, || bufs, len, || self.holder())?,
         };
         Ok(self.request(id, Kind::Recv, (0, 0), ptr, len))
     }
@@ -358,8 +347,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
             comm,
             src.into(),
             tag.into(),
-            Some(seg),
-            || Bufs::One(seg),
+            Bufs::One(seg),
             len,
             std::ptr::null_mut(),
         )
@@ -405,8 +393,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
             comm,
             src.into(),
             tag.into(),
-            None,
-            || Bufs::Many(segs),
+            Bufs::Many(segs),
             len,
             std::ptr::null_mut(),
         )
