@@ -53,10 +53,10 @@ pub const INTEL_AUTO: &[Strategy] = &[Strategy::CmaSplit, Strategy::Cma, Strateg
 /// Every process of a node reads the same. `nemesis-bench calibrate` finds a better one,
 /// by size, for a machine of its own.
 pub fn default_auto() -> AutoBands {
-    // CPUID traps to the hypervisor in a guest: asked once, not on every default policy
-    // (a channel without strategies of its own builds one for each large message).
+    // Built once, not on every default policy (a channel without strategies of its own
+    // builds one for each large message).
     static BANDS: std::sync::OnceLock<AutoBands> = std::sync::OnceLock::new();
-    *BANDS.get_or_init(|| auto_for_vendor(&cpu_vendor()))
+    *BANDS.get_or_init(|| auto_for_vendor(&nemesis_shm::cpu::vendor()))
 }
 
 fn auto_for_vendor(vendor: &[u8; 12]) -> AutoBands {
@@ -69,25 +69,6 @@ fn auto_for_vendor(vendor: &[u8; 12]) -> AutoBands {
             (DEFAULT_SPLIT_FROM, order(DEFAULT_AUTO_LARGE)),
         ])
         .expect("two bands, increasing")
-    }
-}
-
-/// The CPU's vendor string, or zeros where there is no CPUID.
-fn cpu_vendor() -> [u8; 12] {
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[allow(unused_unsafe)]
-        // SAFETY: CPUID leaf 0 exists on every x86_64 CPU and has no side effects.
-        let r = unsafe { core::arch::x86_64::__cpuid(0) };
-        let mut v = [0u8; 12];
-        v[..4].copy_from_slice(&r.ebx.to_le_bytes());
-        v[4..8].copy_from_slice(&r.edx.to_le_bytes());
-        v[8..].copy_from_slice(&r.ecx.to_le_bytes());
-        v
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        [0; 12]
     }
 }
 
@@ -465,12 +446,6 @@ mod tests {
             assert_eq!(b.order_for(DEFAULT_SPLIT_FROM).as_slice(), DEFAULT_AUTO_LARGE);
             assert_eq!(b.order_for(1 << 30).as_slice(), DEFAULT_AUTO_LARGE);
         }
-        #[cfg(target_arch = "x86_64")]
-        assert!(
-            cpu_vendor().iter().all(|b| b.is_ascii_graphic()),
-            "{:?}",
-            cpu_vendor()
-        );
         let d = Policy::default();
         assert!(d.rdma_for(DEFAULT_RDMA_MIN) && !d.rdma_for(DEFAULT_RDMA_MIN - 1));
         assert!(

@@ -15,6 +15,7 @@
 pub mod coll;
 pub mod config;
 pub mod copy;
+pub mod cpu;
 pub mod doorbell;
 pub mod error;
 #[cfg(not(loom))]
