@@ -18,6 +18,11 @@ pub const KNOWN: &[(&str, Reader, &str)] = &[
     ("NEMESIS_CELL_SIZE", Reader::Library, "bytes per cell"),
     ("NEMESIS_FBOX_SIZE", Reader::Library, "bytes per fastbox"),
     (
+        "NEMESIS_FBOX_READ_AHEAD",
+        Reader::Library,
+        "whether a receiver behind its sender reads ahead in the ring of fastboxes",
+    ),
+    (
         "NEMESIS_FBOX_SLOTS",
         Reader::Library,
         "fastboxes per ordered pair",

@@ -195,6 +195,42 @@ fn network_variables_are_checked_on_one_node_as_on_many() {
 }
 
 #[test]
+fn the_read_ahead_variable_is_taken_or_refused_by_name() {
+    let dir = shm_dir("read-ahead");
+    for value in ["0", "1"] {
+        let o = Command::new(nemesis_run())
+            .args(["-n", "2"])
+            .arg(example("hello"))
+            .env("NEMESIS_SHM_DIR", &dir)
+            .env("NEMESIS_FBOX_READ_AHEAD", value)
+            .output()
+            .unwrap();
+        assert_ranks_said(&o, "of 2", 2, &format!("NEMESIS_FBOX_READ_AHEAD={value}"));
+        assert!(
+            !String::from_utf8_lossy(&o.stderr).contains("not a variable"),
+            "{}",
+            text(&o)
+        );
+    }
+    let o = Command::new(nemesis_run())
+        .args(["-n", "2"])
+        .arg(example("hello"))
+        .env("NEMESIS_SHM_DIR", &dir)
+        .env("NEMESIS_FBOX_READ_AHEAD", "sometimes")
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("NEMESIS_FBOX_READ_AHEAD")
+            && err.contains("sometimes")
+            && err.contains("expected 1 or 0"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
 fn dropping_a_channel_delivers_what_it_queued_or_says_what_it_could_not() {
     let dir = shm_dir("flood");
     for net in [false, true] {

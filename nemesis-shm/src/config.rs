@@ -327,6 +327,31 @@ pub fn job_prefix(job_id: u64) -> String {
     format!("nemesis-{job_id:016x}-")
 }
 
+/// Whether a receiver behind its sender reads ahead in the ring of fastboxes when
+/// `NEMESIS_FBOX_READ_AHEAD` is unset: on Intel CPUs only. On an Intel Xeon guest it
+/// took a fifth off a behind receiver's time; on a 2-vCPU AMD EPYC guest (family 25),
+/// two-sided streams of 8 and 64 bytes moved 2-8% more without it where the CPUs share
+/// a cache, in three interleaved runs, and about as much where they do not
+/// (BENCHMARKS.md).
+pub fn default_read_ahead() -> bool {
+    crate::cpu::is_intel()
+}
+
+/// `NEMESIS_FBOX_READ_AHEAD` (1 or 0), read through `get`, or [`default_read_ahead`].
+pub fn read_ahead(get: impl Fn(&str) -> Option<String>) -> Result<bool, ShmError> {
+    const VAR: &str = "NEMESIS_FBOX_READ_AHEAD";
+    match get(VAR).as_deref().map(str::trim) {
+        None | Some("") => Ok(default_read_ahead()),
+        Some("1") => Ok(true),
+        Some("0") => Ok(false),
+        Some(v) => Err(ShmError::Config {
+            var: VAR,
+            value: v.into(),
+            reason: "expected 1 or 0".into(),
+        }),
+    }
+}
+
 fn size_var(get: &impl Fn(&str) -> Option<String>, var: &'static str, default: u32) -> Result<u32, ShmError> {
     match get(var) {
         None => Ok(default),
@@ -383,6 +408,19 @@ mod tests {
         assert_eq!(parse_size("1MiB"), Some(1 << 20));
         assert_eq!(parse_size("12x"), None);
         assert_eq!(parse_size(""), None);
+    }
+
+    #[test]
+    fn read_ahead_follows_the_variable_else_the_cpu() {
+        const VAR: &str = "NEMESIS_FBOX_READ_AHEAD";
+        assert_eq!(read_ahead(env(&[])).unwrap(), crate::cpu::is_intel());
+        assert_eq!(read_ahead(env(&[(VAR, " ")])).unwrap(), crate::cpu::is_intel());
+        assert!(read_ahead(env(&[(VAR, "1")])).unwrap());
+        assert!(!read_ahead(env(&[(VAR, " 0 ")])).unwrap());
+        for bad in ["yes", "2", "-1"] {
+            let e = read_ahead(env(&[(VAR, bad)])).unwrap_err().to_string();
+            assert!(e.contains(VAR) && e.contains(bad), "{e}");
+        }
     }
 
     #[test]

@@ -7,16 +7,21 @@
 //! until its next send. A prefetch is only a hint: it changes no value and no ordering,
 //! so the protocols and their models are untouched (the loom build, whose regions live
 //! on the heap, has none).
+//!
+//! Building with `RUSTFLAGS="--cfg nemesis_no_prefetchw"` leaves the write prefetches
+//! out, so that what they buy can be measured on a new machine class
+//! (BENCHMARKS.md, "How to measure").
 
 /// Most lines one call asks for: a longer message's further lines are fetched by its
 /// own stores, as before.
+#[cfg_attr(nemesis_no_prefetchw, allow(dead_code))]
 pub(crate) const MAX_LINES: usize = 128;
 
 /// Asks for the `lines` cache lines from `p` on (at most [`MAX_LINES`]) for writing, where
 /// the CPU can; otherwise does nothing. Never faults, whatever the address.
 #[inline(always)]
 pub(crate) fn for_write(p: *const u8, lines: usize) {
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(all(target_arch = "x86_64", not(nemesis_no_prefetchw)))]
     if has_prefetchw() {
         for i in 0..lines.min(MAX_LINES) {
             let at = p.wrapping_add(i * 64);
@@ -27,7 +32,7 @@ pub(crate) fn for_write(p: *const u8, lines: usize) {
             };
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(any(not(target_arch = "x86_64"), nemesis_no_prefetchw))]
     let _ = (p, lines);
 }
 
@@ -46,7 +51,7 @@ pub(crate) fn for_read(p: *const u8) {
 }
 
 /// Whether the CPU has PREFETCHW (CPUID 8000_0001h, ECX bit 8), asked once.
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(target_arch = "x86_64", not(nemesis_no_prefetchw)))]
 #[inline(always)]
 fn has_prefetchw() -> bool {
     use std::sync::atomic::{AtomicU8, Ordering};
@@ -63,7 +68,7 @@ fn has_prefetchw() -> bool {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(target_arch = "x86_64", not(nemesis_no_prefetchw)))]
 #[cold]
 fn ask_cpuid() -> bool {
     use core::arch::x86_64::__cpuid;

@@ -165,6 +165,7 @@ impl ShmChannel {
         let wake_key = seg.wake_key();
         let mut port = Port::new(seg, local_index);
         port.set_wake(Arc::new(SocketWake::new(wake_key)));
+        port.set_read_ahead(nemesis_shm::config::read_ahead(|k| std::env::var(k).ok())?);
         let wake = if n > 1 {
             Some(
                 WakeSocket::bind(wake_key, local_index).map_err(|e| ChannelError::Config {
