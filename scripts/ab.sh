@@ -107,7 +107,7 @@ else
     if [ ! -d "$tree" ]; then
         git worktree add --quiet --detach "$tree" "$sha"
     fi
-    echo "ab: building B at ${sha:0:12}" >&2
+    echo "ab: building B at ${sha:0:12} in $tree (kept for the next run; git worktree remove --force drops it)" >&2
     (cd "$tree" && cargo build --release --quiet --bin nemesis-bench)
     b_bin="$tree/target/release/nemesis-bench"
 fi
