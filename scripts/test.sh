@@ -66,9 +66,9 @@ scripts/icount.sh stream-phases 640
 scripts/icount.sh rma-put 1000
 
 step "A/B script, and the cache-hint switches build clean"
-scripts/ab.sh --turns 2 --b-env NEMESIS_FBOX_READ_AHEAD=1 -- msgrate --sizes 8 --rounds 1 --iters 100 --warmup 10 \
-    | tee target/ab/check.txt
-grep -q '^msgrate/p2p/shm 8 B msgs_per_s' target/ab/check.txt
+ab=$(scripts/ab.sh --turns 2 --b-env NEMESIS_FBOX_READ_AHEAD=1 -- msgrate --sizes 8 --rounds 1 --iters 100 --warmup 10)
+printf '%s\n' "$ab"
+grep -q '^msgrate/p2p/shm 8 B msgs_per_s' <<<"$ab"
 RUSTFLAGS="--cfg nemesis_no_prefetchw --cfg nemesis_no_reply_claim" CARGO_TARGET_DIR=target/nohints \
     cargo clippy --locked -p nemesis-shm -- -D warnings
 
