@@ -197,7 +197,7 @@ fn network_variables_are_checked_on_one_node_as_on_many() {
 #[test]
 fn the_read_ahead_variable_is_taken_or_refused_by_name() {
     let dir = shm_dir("read-ahead");
-    for value in ["0", "1"] {
+    for value in ["0", "1", "on"] {
         let o = Command::new(nemesis_run())
             .args(["-n", "2"])
             .arg(example("hello"))

@@ -340,18 +340,14 @@ impl Policy {
                 reason,
             })?;
         }
-        if let Some(v) = get("NEMESIS_LMT_TUNE").filter(|v| !v.trim().is_empty()) {
-            p.tune = match v.trim().to_ascii_lowercase().as_str() {
-                "1" | "on" | "yes" | "true" => true,
-                "0" | "off" | "no" | "false" => false,
-                _ => {
-                    return Err(LmtError::Config {
-                        var: "NEMESIS_LMT_TUNE",
-                        value: v.clone(),
-                        reason: "expected on or off (1 or 0)".into(),
-                    });
-                }
-            };
+        let tune =
+            nemesis_shm::config::switch(&get, "NEMESIS_LMT_TUNE").map_err(|value| LmtError::Config {
+                var: "NEMESIS_LMT_TUNE",
+                value,
+                reason: nemesis_shm::config::SWITCH_EXPECTED.into(),
+            })?;
+        if let Some(on) = tune {
+            p.tune = on;
         }
         let size = |var: &'static str, default: u32, what: &str| -> Result<u32, LmtError> {
             match get(var).filter(|v| !v.trim().is_empty()) {

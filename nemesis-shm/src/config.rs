@@ -340,15 +340,31 @@ pub fn default_read_ahead() -> bool {
 /// `NEMESIS_FBOX_READ_AHEAD` (1 or 0), read through `get`, or [`default_read_ahead`].
 pub fn read_ahead(get: impl Fn(&str) -> Option<String>) -> Result<bool, ShmError> {
     const VAR: &str = "NEMESIS_FBOX_READ_AHEAD";
-    match get(VAR).as_deref().map(str::trim) {
-        None | Some("") => Ok(default_read_ahead()),
-        Some("1") => Ok(true),
-        Some("0") => Ok(false),
-        Some(v) => Err(ShmError::Config {
-            var: VAR,
-            value: v.into(),
-            reason: "expected 1 or 0".into(),
-        }),
+    let on = switch(&get, VAR).map_err(|value| ShmError::Config {
+        var: VAR,
+        value,
+        reason: SWITCH_EXPECTED.into(),
+    })?;
+    Ok(on.unwrap_or_else(default_read_ahead))
+}
+
+/// What a bad value of a [`switch`] variable is told: the reason of each crate's
+/// configuration error.
+pub const SWITCH_EXPECTED: &str = "expected 1 or 0 (or on/off, yes/no, true/false)";
+
+/// Variable `var`, read through `get`, as a switch: `1`, `on`, `yes` or `true` for on,
+/// `0`, `off`, `no` or `false` for off, in any case, blanks around it ignored; `None`
+/// when it is unset or empty, so that the caller's default holds. Any other value is
+/// returned as the error, for the caller to name in its own error type with
+/// [`SWITCH_EXPECTED`]. Every switch of the library is read here, so that all of them
+/// take the same spellings.
+pub fn switch(get: impl Fn(&str) -> Option<String>, var: &str) -> Result<Option<bool>, String> {
+    let Some(v) = get(var) else { return Ok(None) };
+    match v.trim().to_ascii_lowercase().as_str() {
+        "" => Ok(None),
+        "1" | "on" | "yes" | "true" => Ok(Some(true)),
+        "0" | "off" | "no" | "false" => Ok(Some(false)),
+        _ => Err(v.trim().to_string()),
     }
 }
 
@@ -417,10 +433,33 @@ mod tests {
         assert_eq!(read_ahead(env(&[(VAR, " ")])).unwrap(), crate::cpu::is_intel());
         assert!(read_ahead(env(&[(VAR, "1")])).unwrap());
         assert!(!read_ahead(env(&[(VAR, " 0 ")])).unwrap());
-        for bad in ["yes", "2", "-1"] {
+        for bad in ["sometimes", "2", "-1"] {
             let e = read_ahead(env(&[(VAR, bad)])).unwrap_err().to_string();
             assert!(e.contains(VAR) && e.contains(bad), "{e}");
         }
+    }
+
+    #[test]
+    fn a_switch_is_1_or_0_and_unset_when_empty() {
+        let on = ["1", " 1 ", "on", "ON", "yes", "True"];
+        let off = ["0", "0\n", "off", "No", "false", "FALSE"];
+        for (v, want) in on
+            .map(|v| (v, Some(true)))
+            .into_iter()
+            .chain(off.map(|v| (v, Some(false))))
+        {
+            assert_eq!(switch(env(&[("S", v)]), "S"), Ok(want), "{v:?}");
+        }
+        for v in ["", "  "] {
+            assert_eq!(switch(env(&[("S", v)]), "S"), Ok(None), "{v:?}");
+        }
+        assert_eq!(switch(env(&[]), "S"), Ok(None));
+        for v in ["2", "01", "enabled", "y", "-1"] {
+            assert_eq!(switch(env(&[("S", v)]), "S"), Err(v.to_string()));
+        }
+        assert_eq!(switch(env(&[("S", " maybe ")]), "S"), Err("maybe".to_string()));
+        // Another variable's value is not read.
+        assert_eq!(switch(env(&[("T", "x")]), "S"), Ok(None));
     }
 
     #[test]

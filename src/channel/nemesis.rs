@@ -161,17 +161,13 @@ impl NemesisChannel {
     /// As [`NemesisChannel::from_boot`], reading variables through `get`.
     pub fn from_boot_with(boot: Boot, get: impl Fn(&str) -> Option<String>) -> Result<Self, ChannelError> {
         let info = boot.info.clone();
-        let no_shm = match get(NO_SHM_VAR).as_deref().map(str::trim) {
-            None | Some("0") | Some("") => false,
-            Some("1") => true,
-            Some(v) => {
-                return Err(ChannelError::Config {
-                    var: NO_SHM_VAR,
-                    value: v.into(),
-                    reason: "expected 1 or 0".into(),
-                });
-            }
-        };
+        let no_shm = nemesis_shm::config::switch(&get, NO_SHM_VAR)
+            .map_err(|value| ChannelError::Config {
+                var: NO_SHM_VAR,
+                value,
+                reason: nemesis_shm::config::SWITCH_EXPECTED.into(),
+            })?
+            .unwrap_or(false);
         // Without shared memory every other rank is as good as on another node.
         let view = if no_shm {
             BootInfo {
@@ -798,8 +794,8 @@ mod tests {
     #[test]
     fn bad_values_are_refused_by_name_and_a_singleton_opens_no_netmod() {
         let boot = || Boot::singleton(Duration::from_secs(1));
-        let e =
-            NemesisChannel::from_boot_with(boot(), |k| (k == NO_SHM_VAR).then(|| "yes".into())).unwrap_err();
+        let e = NemesisChannel::from_boot_with(boot(), |k| (k == NO_SHM_VAR).then(|| "sometimes".into()))
+            .unwrap_err();
         assert!(matches!(e, ChannelError::Config { var: NO_SHM_VAR, .. }), "{e}");
         // Alone, with shared memory off, there is no one to reach, so no netmod is
         // opened; but a netmod variable that could not work is refused here as it would

@@ -389,17 +389,27 @@ impl Config {
                 .ok_or_else(|| bad("NEMESIS_PAIR_EAGER_LIMIT", &v, "expected a size such as 2K"))?,
         };
         let failure_check = crate::progress::Config::from_lookup(&get)?.failure_check;
-        let node_collectives = match get("NEMESIS_NODE_COLLECTIVES").as_deref().map(str::trim) {
-            None | Some("1") => true,
-            Some("0") => false,
-            Some(v) => return Err(bad("NEMESIS_NODE_COLLECTIVES", v, "expected 1 or 0")),
-        };
-        let flat_collectives = match get("NEMESIS_FLAT_COLLECTIVES").as_deref().map(str::trim) {
-            None | Some("" | "auto") => None,
-            Some("1") => Some(true),
-            Some("0") => Some(false),
-            Some(v) => return Err(bad("NEMESIS_FLAT_COLLECTIVES", v, "expected auto, 1 or 0")),
-        };
+        let node_collectives = nemesis_shm::config::switch(&get, "NEMESIS_NODE_COLLECTIVES")
+            .map_err(|v| {
+                bad(
+                    "NEMESIS_NODE_COLLECTIVES",
+                    &v,
+                    nemesis_shm::config::SWITCH_EXPECTED,
+                )
+            })?
+            .unwrap_or(true);
+        // A switch, or `auto` (as unset): the job's shape decides.
+        let flat_collectives = nemesis_shm::config::switch(
+            |k| get(k).filter(|v| !v.trim().eq_ignore_ascii_case("auto")),
+            "NEMESIS_FLAT_COLLECTIVES",
+        )
+        .map_err(|v| {
+            bad(
+                "NEMESIS_FLAT_COLLECTIVES",
+                &v,
+                "expected auto, 1 or 0 (or on/off, yes/no, true/false)",
+            )
+        })?;
         Ok(Self {
             eager_limit,
             net_eager_limit,

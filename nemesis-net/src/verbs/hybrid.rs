@@ -137,16 +137,13 @@ impl Hybrid {
     /// # Errors
     /// A variable that cannot be used.
     pub fn rdma_config(get: impl Fn(&str) -> Option<String>) -> Result<Option<RcConfig>, NetError> {
-        match get(RDMA_VAR).as_deref().map(str::trim) {
-            None | Some("") | Some("1") => {}
-            Some("0") => return Ok(None),
-            Some(v) => {
-                return Err(NetError::Config {
-                    var: RDMA_VAR,
-                    value: v.into(),
-                    reason: "expected 1 or 0".into(),
-                });
-            }
+        let on = nemesis_shm::config::switch(&get, RDMA_VAR).map_err(|value| NetError::Config {
+            var: RDMA_VAR,
+            value,
+            reason: nemesis_shm::config::SWITCH_EXPECTED.into(),
+        })?;
+        if on == Some(false) {
+            return Ok(None);
         }
         let mut c = RcConfig::from_lookup(&get)?;
         c.eager = 1 << 10;
@@ -329,7 +326,7 @@ mod tests {
                 .is_none()
         );
         assert!(matches!(
-            Hybrid::rdma_config(|k| (k == RDMA_VAR).then(|| "yes".into())),
+            Hybrid::rdma_config(|k| (k == RDMA_VAR).then(|| "sometimes".into())),
             Err(NetError::Config { var: RDMA_VAR, .. })
         ));
     }

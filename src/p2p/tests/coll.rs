@@ -75,9 +75,12 @@ fn collective_settings_are_read_and_bad_ones_named() {
         |k: &'static str, v: &'static str| Config::from_lookup(8160, |q| (q == k).then(|| v.to_string()));
     for (v, want) in [
         ("auto", None),
+        ("AUTO", None),
         ("", None),
         (" 1 ", Some(true)),
+        ("yes", Some(true)),
         ("0", Some(false)),
+        ("off", Some(false)),
     ] {
         assert_eq!(
             read("NEMESIS_FLAT_COLLECTIVES", v).unwrap().flat_collectives,
@@ -90,12 +93,19 @@ fn collective_settings_are_read_and_bad_ones_named() {
         None
     );
     assert!(!read("NEMESIS_NODE_COLLECTIVES", "0").unwrap().node_collectives);
+    assert!(
+        !read("NEMESIS_NODE_COLLECTIVES", "false")
+            .unwrap()
+            .node_collectives
+    );
+    // Empty is unset: the default, on.
+    assert!(read("NEMESIS_NODE_COLLECTIVES", "").unwrap().node_collectives);
     for (k, v) in [
-        ("NEMESIS_FLAT_COLLECTIVES", "yes"),
+        ("NEMESIS_FLAT_COLLECTIVES", "sometimes"),
         ("NEMESIS_NODE_COLLECTIVES", "2"),
     ] {
-        let e = read(k, v).unwrap_err();
-        assert!(e.to_string().contains(k), "{e}");
+        let e = read(k, v).unwrap_err().to_string();
+        assert!(e.contains(k) && e.contains(v) && e.contains("expected"), "{e}");
     }
 }
 
