@@ -7,6 +7,7 @@
 //! The two-sided and one-sided layers use nothing else, so they work over shared memory,
 //! network modules or a test double alike.
 
+pub(crate) mod kinds;
 mod nemesis;
 mod pending;
 mod shm;
@@ -201,7 +202,7 @@ pub enum ChannelError {
     Net(nemesis_net::NetError),
     /// A protocol could not be registered, or a packet not sent for it.
     #[error(transparent)]
-    Registry(#[from] crate::progress::RegistryError),
+    Registry(#[from] kinds::RegistryError),
 }
 
 /// A transport between the ranks of a job: who we are, whether a peer shares our node,

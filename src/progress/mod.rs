@@ -37,10 +37,11 @@ mod idle;
 mod outbox;
 mod protocol;
 
+pub use crate::channel::kinds::{ProtocolId, RegistryError};
 pub(crate) use idle::{Idle, Tick};
 pub use outbox::Outbox;
+pub use protocol::Protocol;
 pub(crate) use protocol::Table;
-pub use protocol::{Protocol, ProtocolId, RegistryError};
 
 use crate::channel::{Channel, ChannelError, Header, Packet, Rank, SendStatus, WaitPolicy, usable_cpus};
 use std::time::{Duration, Instant};

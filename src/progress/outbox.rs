@@ -1,6 +1,6 @@
 //! Packets produced while the channel is polling, sent once the poll returns.
 
-use super::protocol::{ProtocolId, RegistryError};
+use crate::channel::kinds::{ProtocolId, RegistryError};
 use crate::channel::{Channel, ChannelError, Header, Rank};
 
 #[derive(Debug)]
