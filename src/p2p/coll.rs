@@ -29,6 +29,7 @@
 use super::comm::{Comm, CommInner};
 use super::node::{self, NodeColl};
 use super::requests::{Holder, Req};
+use super::world::BlockWait;
 use super::{P2pError, Status, World};
 use crate::channel::Channel;
 use crate::op::{Op, Reducible};
@@ -342,7 +343,7 @@ impl<C: Channel> World<C> {
     pub fn barrier(&mut self, comm: &Comm) -> Result<(), P2pError> {
         let c = self.check_comm(comm)?;
         if let Some(nc) = &c.node {
-            return nc.barrier(c, self);
+            return nc.barrier(c.seat(), &mut BlockWait::new(self, c));
         }
         if self.flat(c)? {
             return self.flat_form::<u8>(c, tag(Kind::Barrier, 2, 0), &mut [], |_, _| Ok(()));
@@ -436,7 +437,7 @@ impl<C: Channel> World<C> {
         T::combine(op, &mut [], &[])?;
         let t = tag(Kind::Allreduce, op.code(), T::TYPE_CODE);
         if let Some(nc) = &c.node
-            && nc.allreduce(c, self, data, op, t, describe)?
+            && nc.allreduce(c.seat(), &mut BlockWait::new(self, c), data, op, t, describe)?
         {
             return Ok(());
         }

@@ -133,6 +133,14 @@ impl ReqComm {
 }
 
 impl CommInner {
+    /// This member's place, as the node block knows it.
+    pub(crate) fn seat(&self) -> super::node::Seat {
+        super::node::Seat {
+            rank: self.rank,
+            size: self.ranks.len() as u32,
+        }
+    }
+
     /// The world rank of member `r`, or an error naming it.
     #[inline]
     pub fn world_of(&self, r: u32) -> Result<u32, P2pError> {

@@ -14,7 +14,6 @@
 //! uses messages.
 
 use super::P2pError;
-use super::comm::CommInner;
 use crate::op::{Op, Reducible};
 use nemesis_shm::Segment;
 use nemesis_shm::coll::{self, Block, SLOT_BYTES};
@@ -84,6 +83,15 @@ impl Drop for NodeColl {
     }
 }
 
+/// A member's place in its communicator: all a block needs to know of it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Seat {
+    /// The member's rank in the communicator.
+    pub(crate) rank: u32,
+    /// How many members the communicator has.
+    pub(crate) size: u32,
+}
+
 /// What a member needs from its world while it waits in a block: messages keep moving,
 /// and peers are checked now and then.
 pub(crate) trait NodeWaiter {
@@ -93,8 +101,8 @@ pub(crate) trait NodeWaiter {
     fn spins_and_yields(&self) -> (u32, u32);
     /// How often to check the peers.
     fn failure_check(&self) -> Duration;
-    /// A member of `c` known to have failed.
-    fn peer_failed(&mut self, c: &CommInner) -> Option<P2pError>;
+    /// A member of the communicator known to have failed.
+    fn peer_failed(&mut self) -> Option<P2pError>;
 }
 
 /// The key of a communicator's block: its context and its first member's world rank,
@@ -110,11 +118,11 @@ pub(crate) fn claim(seg: &Segment, key: u64, members: u32) -> Option<usize> {
 
 impl NodeColl {
     /// A barrier through the block.
-    pub(crate) fn barrier(&self, c: &CommInner, w: &mut impl NodeWaiter) -> Result<(), P2pError> {
+    pub(crate) fn barrier(&self, seat: Seat, w: &mut impl NodeWaiter) -> Result<(), P2pError> {
         self.usable()?;
         let epoch = self.epoch.load(Ordering::Relaxed);
-        if !self.block().arrive(c.ranks.len() as u32) {
-            self.wait(c, epoch, w)?;
+        if !self.block().arrive(seat.size) {
+            self.wait(epoch, w)?;
         }
         self.epoch.store(epoch.wrapping_add(1), Ordering::Relaxed);
         Ok(())
@@ -125,7 +133,7 @@ impl NodeColl {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn allreduce<T: Reducible>(
         &self,
-        c: &CommInner,
+        seat: Seat,
         w: &mut impl NodeWaiter,
         data: &mut [T],
         op: Op,
@@ -142,7 +150,7 @@ impl NodeColl {
             && std::mem::align_of::<T>() <= 8;
         let epoch = self.epoch.load(Ordering::Relaxed);
         let b = self.block();
-        let me = c.rank as usize;
+        let me = seat.rank as usize;
         // The episode, with a bit that a slot never written lacks.
         let stamp = (epoch & (u32::MAX >> 1)) | 1 << 31;
         let sig = u64::from(op_tag as u32) << 32 | u64::from(stamp);
@@ -151,12 +159,12 @@ impl NodeColl {
         } else {
             b.write_slot(epoch, me, sig | LARGE, &(len as u64).to_le_bytes());
         }
-        if !b.arrive(c.ranks.len() as u32) {
-            self.wait(c, epoch, w)?;
+        if !b.arrive(seat.size) {
+            self.wait(epoch, w)?;
         }
         self.epoch.store(epoch.wrapping_add(1), Ordering::Relaxed);
         // Every member checks every slot, so all of them see any disagreement.
-        let n = c.ranks.len();
+        let n = seat.size as usize;
         let mut acc = [0u64; SLOT_BYTES / 8];
         let mut other = [0u64; SLOT_BYTES / 8];
         for m in 0..n {
@@ -200,7 +208,7 @@ impl NodeColl {
 
     /// Waits for the block's barrier of `epoch` to release, keeping messages moving,
     /// and fails if a member dies.
-    fn wait(&self, c: &CommInner, epoch: u32, w: &mut impl NodeWaiter) -> Result<(), P2pError> {
+    fn wait(&self, epoch: u32, w: &mut impl NodeWaiter) -> Result<(), P2pError> {
         let b = self.block();
         let (spins, yields) = w.spins_and_yields();
         let check = w.failure_check();
@@ -223,7 +231,7 @@ impl NodeColl {
             b.sleep(epoch, Some(SLICE.min(check)));
             if last_check.elapsed() >= check {
                 last_check = Instant::now();
-                if let Some(e) = w.peer_failed(c) {
+                if let Some(e) = w.peer_failed() {
                     // This member has arrived and will never be released: the block's
                     // counts no longer add up for this communicator.
                     if let P2pError::PeerFailed { rank, reason } = &e {

@@ -528,18 +528,31 @@ impl<C: Channel> crate::progress::Driven for World<C> {
     const NAME: &'static str = "World::progress_until";
 }
 
-impl<C: Channel> NodeWaiter for World<C> {
+/// A world waiting in the node block of communicator `comm`: what the block's waits
+/// ask of it ([`NodeWaiter`]), with the communicator whose members it checks.
+pub(crate) struct BlockWait<'a, C: Channel> {
+    world: &'a mut World<C>,
+    comm: &'a CommInner,
+}
+
+impl<'a, C: Channel> BlockWait<'a, C> {
+    pub(crate) fn new(world: &'a mut World<C>, comm: &'a CommInner) -> Self {
+        Self { world, comm }
+    }
+}
+
+impl<C: Channel> NodeWaiter for BlockWait<'_, C> {
     fn progress(&mut self) -> Result<(), P2pError> {
-        World::progress(self).map(|_| ())
+        World::progress(self.world).map(|_| ())
     }
     fn spins_and_yields(&self) -> (u32, u32) {
-        (self.node_wait.spin, self.node_wait.yields)
+        (self.world.node_wait.spin, self.world.node_wait.yields)
     }
     fn failure_check(&self) -> Duration {
-        self.cfg.failure_check
+        self.world.cfg.failure_check
     }
-    fn peer_failed(&mut self, c: &CommInner) -> Option<P2pError> {
-        World::peer_failed(self, c, None)
+    fn peer_failed(&mut self) -> Option<P2pError> {
+        self.world.peer_failed(self.comm, None)
     }
 }
 
