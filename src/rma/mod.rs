@@ -57,6 +57,7 @@ mod elem;
 mod epoch;
 mod idmap;
 mod nic;
+mod nic_ops;
 mod ops;
 mod proto;
 mod target;
