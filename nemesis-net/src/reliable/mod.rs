@@ -202,7 +202,7 @@ pub struct Reliable<D: Datagram> {
     /// A send found no room in the transport: waiting for it to drain helps.
     blocked: bool,
     /// Allocations kept from one message to the next.
-    spare: spare::Spare,
+    spare: spare::Spare<peer::Seg>,
     /// Polls since the timers last ran.
     since_timers: u32,
     stats: NetStats,

@@ -197,7 +197,7 @@ impl<A: Copy> Peer<A> {
     }
 
     /// Takes an acknowledgement of `n` more segments.
-    pub(super) fn acked(&mut self, n: u32, now: u64, t: &Tuned, backlog: &mut usize, spare: &mut Spare) {
+    pub(super) fn acked(&mut self, n: u32, now: u64, t: &Tuned, backlog: &mut usize, spare: &mut Spare<Seg>) {
         if n == 0 {
             return;
         }

@@ -4,7 +4,6 @@
 //! bounded and made up front, so it is the endpoint's fixed cost, not a peer's: an idle
 //! peer still holds no queue.
 
-use super::peer::Seg;
 use std::collections::VecDeque;
 
 /// Segment buffers kept at most.
@@ -12,15 +11,17 @@ const BUFS: usize = 4;
 /// Segments the kept queue has room for; a larger one given back is shrunk to this.
 const QUEUE: usize = 4;
 
+/// Kept for queues of `T`: the peers' segments (a type of its own here, so that the
+/// peers' module alone knows what a segment is).
 #[derive(Debug)]
-pub(super) struct Spare {
-    queue: Option<VecDeque<Seg>>,
+pub(super) struct Spare<T> {
+    queue: Option<VecDeque<T>>,
     bufs: Vec<Vec<u8>>,
     /// Bytes of a segment's payload at most: the capacity of every kept buffer.
     room: usize,
 }
 
-impl Spare {
+impl<T> Spare<T> {
     /// Spares for segments of at most `room` bytes, made now.
     pub(super) fn new(room: usize) -> Self {
         Self {
@@ -52,7 +53,7 @@ impl Spare {
 
     /// Gives `q`, a peer's queue about to take a segment, the kept allocation if it
     /// has none.
-    pub(super) fn lend_queue(&mut self, q: &mut VecDeque<Seg>) {
+    pub(super) fn lend_queue(&mut self, q: &mut VecDeque<T>) {
         if q.capacity() == 0
             && let Some(k) = self.queue.take()
         {
@@ -62,7 +63,7 @@ impl Spare {
 
     /// Takes the allocation of `q`, a peer's queue that has just emptied, so that an idle
     /// peer holds none: kept if none is, shrunk to the kept size.
-    pub(super) fn take_queue(&mut self, q: &mut VecDeque<Seg>) {
+    pub(super) fn take_queue(&mut self, q: &mut VecDeque<T>) {
         let mut q = std::mem::take(q);
         if self.queue.is_none() && q.capacity() > 0 {
             q.clear();
@@ -78,7 +79,7 @@ mod tests {
 
     #[test]
     fn buffers_and_a_queue_go_round_and_stay_bounded() {
-        let mut s = Spare::new(100);
+        let mut s = Spare::<u64>::new(100);
         let b = s.buf(50);
         assert_eq!((b.capacity(), s.bufs.len()), (100, BUFS - 1));
         let big = s.buf(500);
