@@ -34,6 +34,7 @@ step "format"
 cargo fmt --all -- --check
 
 step "lints"
+scripts/modcycles.py
 cargo clippy --locked --workspace --all-targets -- -D warnings
 cargo clippy --locked --workspace --all-targets --features nemesis/async -- -D warnings
 
