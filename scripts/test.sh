@@ -2,7 +2,7 @@
 # Runs every test of nemesis: formatting, lints and documentation, the unit and
 # multi-process tests, the async tests, the tests under a one-node Slurm cluster, the
 # verbs netmods in a Soft-RoCE VM, the loom models, a short run of the instruction-count
-# script, the unit tests under AddressSanitizer, and the fuzz targets.
+# script, the tests again under AddressSanitizer, and the fuzz targets.
 #
 #   scripts/test.sh
 #
@@ -73,7 +73,7 @@ grep -q '^msgrate/p2p/shm 8 B msgs_per_s' <<<"$ab"
 RUSTFLAGS="--cfg nemesis_no_prefetchw --cfg nemesis_no_reply_claim" CARGO_TARGET_DIR=target/nohints \
     cargo clippy --locked -p nemesis-shm -- -D warnings
 
-step "unit tests under AddressSanitizer"
+step "unit and multi-process tests under AddressSanitizer"
 scripts/san.sh
 
 step "fuzz targets"
