@@ -426,6 +426,61 @@ fn tables_without_json_and_help() {
     );
 }
 
+/// The number after `"key":` in a JSON line.
+fn number(line: &str, key: &str) -> f64 {
+    let at = line
+        .find(&format!("\"{key}\":"))
+        .unwrap_or_else(|| panic!("{key} missing from {line}"))
+        + key.len()
+        + 3;
+    let end = line[at..].find([',', '}']).map_or(line.len(), |e| at + e);
+    line[at..end]
+        .parse()
+        .unwrap_or_else(|e| panic!("{key} in {line}: {e}"))
+}
+
+#[test]
+fn msgrate_phases_are_each_sides_steps_and_add_up_to_no_more_than_a_window() {
+    let keys = [
+        "send_isends_ns",
+        "send_waitall_ns",
+        "send_ack_wait_ns",
+        "recv_irecvs_ns",
+        "recv_waitall_ns",
+        "recv_ack_ns",
+    ];
+    let rows = json_lines(&[
+        "msgrate", "--sizes", "8,4K", "--iters", "200", "--warmup", "5", "--rounds", "1", "--phases",
+        "--json",
+    ]);
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for row in &rows {
+        has(row, &keys);
+        let step = |k| number(row, k);
+        for k in keys {
+            assert!(step(k) >= 0.0, "{k}: {row}");
+        }
+        // Every window posts, sends and waits: none of those takes no time at all.
+        for k in ["send_isends_ns", "recv_irecvs_ns", "recv_waitall_ns"] {
+            assert!(step(k) > 0.0, "{k}: {row}");
+        }
+        // The sender's three steps are its whole window. Medians, so a window the
+        // scheduler stretched moves them less than the mean the rate comes from: their
+        // sum is at most about one window's mean time, here within a factor of two.
+        let window_ns = 64.0 / number(row, "msgs_per_s") * 1e9;
+        let sender = step("send_isends_ns") + step("send_waitall_ns") + step("send_ack_wait_ns");
+        assert!(
+            sender <= 2.0 * window_ns,
+            "the sender's steps take {sender} ns of a {window_ns} ns window: {row}"
+        );
+    }
+    // Without --phases, no step is reported.
+    let plain = &json_lines(&[
+        "msgrate", "--sizes", "8", "--iters", "3", "--warmup", "1", "--rounds", "1", "--json",
+    ])[0];
+    assert!(!plain.contains("send_isends_ns"), "{plain}");
+}
+
 #[test]
 fn bad_arguments_are_refused() {
     for args in [
@@ -479,6 +534,10 @@ fn bad_arguments_are_refused() {
         (
             &["latency", "--recv-skew", "16", "--sizes", "8", "--rounds", "1"],
             "use --layer p2p",
+        ),
+        (
+            &["msgrate", "--layer", "channel", "--phases", "--rounds", "1"],
+            "--layer channel has none",
         ),
         (
             &[

@@ -14,6 +14,7 @@ mod netmem;
 mod pair;
 mod partner;
 pub mod peers;
+mod phases;
 mod pin;
 mod requests;
 mod ring;
@@ -28,6 +29,7 @@ pub use netmem::{UDP_MEMORY_SIZES, UdpMemory, udp_memory};
 use pair::Buf;
 pub use pair::{BufKind, PageAligned, Pair, StreamPlan};
 pub use partner::serve_if_partner;
+pub use phases::StreamPhases;
 pub use pin::{allowed_cpus, pair_cpus, pin_to, set_cpus};
 pub use requests::{Api, RequestsRow, requests};
 pub use ring::Ring;
@@ -402,6 +404,12 @@ const SINK_PINNED_BIT: u32 = 41;
 /// In the sink's argument, 12 bits from here: how far past a page boundary its buffers
 /// start.
 const SINK_SKEW_SHIFT: u32 = 42;
+
+/// In the sink's argument: time each window's steps and send their medians back
+/// (`phases.rs`).
+const SINK_PHASES_BIT: u32 = 54;
+/// The tag of the message that carries the receiver's step times.
+const PHASES_TAG: i32 = 3;
 
 /// `skew` if it is less than a page, as the sink's 12 bits and [`PageAligned::at`] need.
 fn checked_skew(skew: usize) -> Result<usize> {

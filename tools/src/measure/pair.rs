@@ -1,11 +1,13 @@
 //! The pair of processes a measurement runs in: rank 0's side, which starts its partner
 //! and drives it, and the buffers and plans it measures with.
 
+use super::phases::{self, Steps};
 use super::{
     CPU_VAR, Clock, KIND_ACK, Layer, MeasureError, OP_ECHO, OP_ECHO_P2P, OP_FLOOR, OP_PROBE, OP_QUIT,
-    OP_SINK, OP_SINK_P2P, OP_TCP_CONNECT, OP_TCP_ECHO, OP_TCP_SINK, ROLE_VAR, Result, SINK_OSU_BIT,
-    SINK_PINNED_BIT, SINK_SKEW_SHIFT, Transport, args_bytes, checked_skew, ctrl, data, end_job, pair_cpus,
-    pin_to, probe_segment, read_all, round_trip, set_lmt, settle, spin_recv, start_job,
+    OP_SINK, OP_SINK_P2P, OP_TCP_CONNECT, OP_TCP_ECHO, OP_TCP_SINK, PHASES_TAG, ROLE_VAR, Result,
+    SINK_OSU_BIT, SINK_PHASES_BIT, SINK_PINNED_BIT, SINK_SKEW_SHIFT, StreamPhases, Transport, args_bytes,
+    checked_skew, ctrl, data, end_job, pair_cpus, pin_to, probe_segment, read_all, round_trip, set_lmt,
+    settle, spin_recv, start_job,
 };
 use crate::launch::{Exit, Job};
 use nemesis::channel::{Channel, NemesisChannel};
@@ -35,6 +37,9 @@ pub struct StreamPlan {
     pub osu: bool,
     /// The sender's medium limit in a stream; `None`, as the environment says.
     pub stream_medium_limit: Option<usize>,
+    /// Both sides time each window's steps ([`Pair::last_phases`]): a few clock reads
+    /// a window, which the timed figure then includes.
+    pub phases: bool,
 }
 
 impl StreamPlan {
@@ -49,6 +54,7 @@ impl StreamPlan {
             lmt: None,
             osu: false,
             stream_medium_limit: None,
+            phases: false,
         }
     }
 }
@@ -73,6 +79,8 @@ pub struct Pair {
     pub(super) recv_skew: usize,
     /// What the sends of the last [`Pair::stream_p2p`] went by.
     pub(super) last_counts: nemesis::SendCounts,
+    /// The step times of the last [`Pair::stream_p2p`] that asked for them.
+    pub(super) last_phases: Option<StreamPhases>,
 }
 
 /// Memory the streaming benchmarks send from and receive into.
@@ -182,6 +190,7 @@ impl Pair {
             bufs: BufKind::Heap,
             recv_skew: 0,
             last_counts: nemesis::SendCounts::default(),
+            last_phases: None,
         })
     }
 
@@ -436,6 +445,7 @@ impl Pair {
             lmt,
             osu,
             stream_medium_limit,
+            phases,
         } = plan;
         if self.bufs == BufKind::Pinned && self.recv_skew != 0 {
             return Err(MeasureError::Other(
@@ -447,12 +457,15 @@ impl Pair {
         let osu_bit = u64::from(osu) << SINK_OSU_BIT;
         let pinned_bit = u64::from(self.bufs == BufKind::Pinned) << SINK_PINNED_BIT;
         let skew = (self.recv_skew as u64) << SINK_SKEW_SHIFT;
+        let phases_bit = u64::from(phases) << SINK_PHASES_BIT;
         self.command(
             OP_SINK_P2P,
             [
                 warmup + iters,
-                window | code << 32 | osu_bit | pinned_bit | skew,
-                size as u64,
+                window | code << 32 | osu_bit | pinned_bit | skew | phases_bit,
+                // With the step times asked for, the warm-up's length too, for the
+                // receiver to leave out.
+                size as u64 | if phases { warmup << 32 } else { 0 },
             ],
         )?;
         let other = |e: nemesis::P2pError| MeasureError::Other(e.to_string());
@@ -473,10 +486,17 @@ impl Pair {
         }
         let mut w = nemesis::World::with_config(&mut self.ch, cfg).map_err(other)?;
         let c = w.comm();
+        let mut steps = phases.then(|| Steps::new(iters));
         let mut start = Instant::now();
         for it in 0..warmup + iters {
             if it == warmup {
                 start = Instant::now();
+                if let Some(t) = steps.as_mut() {
+                    t.clear();
+                }
+            }
+            if let Some(t) = steps.as_mut() {
+                t.start();
             }
             w.scope(|s| {
                 // As osu_bw's array of requests: no growing while the window starts.
@@ -484,19 +504,42 @@ impl Pair {
                 for _ in 0..window {
                     reqs.push(s.isend(&c, 1, 1, msg)?);
                 }
+                if let Some(t) = steps.as_mut() {
+                    t.mark(0);
+                }
                 s.waitall(reqs).map(|_| ())
             })
             .map_err(other)?;
+            if let Some(t) = steps.as_mut() {
+                t.mark(1);
+            }
             w.recv(&c, 1, 2, &mut ack).map_err(other)?;
+            if let Some(t) = steps.as_mut() {
+                t.mark(2);
+                t.end();
+            }
         }
         let secs = start.elapsed().as_secs_f64();
         self.last_counts = w.send_counts();
+        self.last_phases = match steps {
+            Some(steps) => {
+                let mut b = [0u8; 24];
+                let st = w.recv(&c, 1, PHASES_TAG, &mut b).map_err(other)?;
+                Some(StreamPhases::of(steps.medians(), phases::decode(&b, st.len)?))
+            }
+            None => None,
+        };
         Ok(secs)
     }
 
     /// What the sends of the last [`Pair::stream_p2p`] went by (its warm-up included).
     pub fn last_send_counts(&self) -> nemesis::SendCounts {
         self.last_counts
+    }
+
+    /// The step times of the last [`Pair::stream_p2p`], if its plan asked for them.
+    pub fn last_phases(&self) -> Option<StreamPhases> {
+        self.last_phases
     }
 
     /// Whether this CPU's kernel copies were found slow with the destination a few bytes

@@ -1,11 +1,13 @@
 //! The partner: rank 1 of a pair, started by rank 0 from the same executable, which
 //! obeys its control packets.
 
+use super::phases::{self, Steps};
 use super::{
     Buf, BufKind, CPU_VAR, KIND_ACK, KIND_CTRL, MeasureError, OP_ECHO, OP_ECHO_P2P, OP_FLOOR, OP_PROBE,
-    OP_QUIT, OP_RMA, OP_SINK, OP_SINK_P2P, OP_TCP_CONNECT, OP_TCP_ECHO, OP_TCP_SINK, PageAligned, ROLE_VAR,
-    Result, SINK_BYTES, SINK_OSU_BIT, SINK_PINNED_BIT, SINK_SKEW_SHIFT, args_of, blocking_recv, coll, early,
-    pin_to, probe_segment, read_all, recv_pieces, ring, rma, send_pieces, set_lmt, settle, spin_recv,
+    OP_QUIT, OP_RMA, OP_SINK, OP_SINK_P2P, OP_TCP_CONNECT, OP_TCP_ECHO, OP_TCP_SINK, PHASES_TAG, PageAligned,
+    ROLE_VAR, Result, SINK_BYTES, SINK_OSU_BIT, SINK_PHASES_BIT, SINK_PINNED_BIT, SINK_SKEW_SHIFT, args_of,
+    blocking_recv, coll, early, pin_to, probe_segment, read_all, recv_pieces, ring, rma, send_pieces,
+    set_lmt, settle, spin_recv,
 };
 use nemesis::channel::{Channel, Header, NemesisChannel};
 use std::io::{Read, Write};
@@ -143,8 +145,17 @@ pub(super) fn partner() -> Result<()> {
                 }
             }
             OP_SINK_P2P => {
-                let (window, code, size) = (arg & 0xffff_ffff, arg >> 32 & 0xff, args_of(&buf[..len])?[2]);
+                let (window, code, size_arg) =
+                    (arg & 0xffff_ffff, arg >> 32 & 0xff, args_of(&buf[..len])?[2]);
                 let osu = arg >> SINK_OSU_BIT & 1 == 1;
+                // Step times asked for: the warm-up's windows, to leave out, are in the
+                // size's upper half.
+                let phases = arg >> SINK_PHASES_BIT & 1 == 1;
+                let (size, warmup) = if phases {
+                    (size_arg & 0xffff_ffff, size_arg >> 32)
+                } else {
+                    (size_arg, 0)
+                };
                 let skew = (arg >> SINK_SKEW_SHIFT & 0xfff) as usize;
                 let kind = if arg >> SINK_PINNED_BIT & 1 == 1 {
                     BufKind::Pinned
@@ -163,7 +174,14 @@ pub(super) fn partner() -> Result<()> {
                     let mut sinks: Vec<Buf> = (0..depth)
                         .map(|_| kind.make_at(size as usize, skew))
                         .collect::<Result<_>>()?;
-                    for _ in 0..count {
+                    let mut steps = phases.then(|| Steps::new(count.saturating_sub(warmup)));
+                    for it in 0..count {
+                        if let Some(t) = steps.as_mut() {
+                            if it == warmup {
+                                t.clear();
+                            }
+                            t.start();
+                        }
                         if osu {
                             // osu_bw's receiver: the whole window posted into one buffer.
                             let (p, n) = (sinks[0].as_mut_ptr(), size as usize);
@@ -177,10 +195,20 @@ pub(super) fn partner() -> Result<()> {
                                     // receives touch it until the scope ends.
                                     reqs.push(unsafe { s.irecv_raw(&c, 0, 1, p, n) }?);
                                 }
+                                if let Some(t) = steps.as_mut() {
+                                    t.mark(0);
+                                }
                                 s.waitall(reqs).map(|_| ())
                             })
                             .map_err(other)?;
+                            if let Some(t) = steps.as_mut() {
+                                t.mark(1);
+                            }
                             w.send(&c, 0, 2, &[0; 4]).map_err(other)?;
+                            if let Some(t) = steps.as_mut() {
+                                t.mark(2);
+                                t.end();
+                            }
                             continue;
                         }
                         let mut left = window as usize;
@@ -191,12 +219,26 @@ pub(super) fn partner() -> Result<()> {
                                 for b in &mut sinks[..k] {
                                     reqs.push(s.irecv(&c, 0, 1, &mut b[..])?);
                                 }
+                                if let Some(t) = steps.as_mut() {
+                                    t.mark(0);
+                                }
                                 s.waitall(reqs).map(|_| ())
                             })
                             .map_err(other)?;
+                            if let Some(t) = steps.as_mut() {
+                                t.mark(1);
+                            }
                             left -= k;
                         }
                         w.send(&c, 0, 2, &[0; 4]).map_err(other)?;
+                        if let Some(t) = steps.as_mut() {
+                            t.mark(2);
+                            t.end();
+                        }
+                    }
+                    if let Some(t) = steps {
+                        w.send(&c, 0, PHASES_TAG, &phases::encode(t.medians()))
+                            .map_err(other)?;
                     }
                     Ok(())
                 })?;

@@ -475,6 +475,9 @@ fn run(cli: Cli) -> Result<()> {
             finish(pairs)?;
         }
         Some(Cmd::Msgrate(a)) => {
+            if a.phases && a.layer == LayerArg::Channel {
+                anyhow::bail!("--phases times the steps of a two-sided window; --layer channel has none");
+            }
             let mut pair = Pair::start(!a.rest.no_pin)?;
             msgrate(&mut pair, &a, cli.json)?;
             pair.finish()?;

@@ -7,7 +7,7 @@ use super::{
 use anyhow::Result;
 use clap::Args;
 use nemesis::Channel as _;
-use nemesis_tools::measure::{self, Pair, StreamPlan, Transport};
+use nemesis_tools::measure::{self, Pair, StreamPhases, StreamPlan, Transport};
 
 #[derive(Args, Debug, Clone)]
 pub(crate) struct StreamArgs {
@@ -390,6 +390,13 @@ pub(crate) struct RateArgs {
     /// it, interleaved round by round), or raw packets through the channel.
     #[arg(long, value_enum, default_value = "p2p")]
     pub(crate) layer: LayerArg,
+    /// Also time each step of a two-sided window on both sides (the sender's isends,
+    /// its waitall and its wait for the acknowledgement; the receiver's irecvs, its
+    /// waitall and the acknowledgement), per window, the median over each round's
+    /// windows and then over the rounds. It adds a few clock reads to every window, so
+    /// the rates printed beside them are taken with them.
+    #[arg(long)]
+    pub(crate) phases: bool,
     #[command(flatten)]
     pub(crate) rest: RateRest,
 }
@@ -461,6 +468,19 @@ pub(crate) fn bandwidth(pair: &mut Pair, a: &StreamArgs, json: bool) -> Result<(
     Ok(())
 }
 
+/// Each step's median over the rounds.
+fn phase_medians(rounds: &[StreamPhases]) -> StreamPhases {
+    let m = |f: fn(&StreamPhases) -> f64| median(rounds.iter().map(f).collect());
+    StreamPhases {
+        send_isends_ns: m(|p| p.send_isends_ns),
+        send_waitall_ns: m(|p| p.send_waitall_ns),
+        send_ack_wait_ns: m(|p| p.send_ack_wait_ns),
+        recv_irecvs_ns: m(|p| p.recv_irecvs_ns),
+        recv_waitall_ns: m(|p| p.recv_waitall_ns),
+        recv_ack_ns: m(|p| p.recv_ack_ns),
+    }
+}
+
 pub(crate) fn msgrate(pair: &mut Pair, a: &RateArgs, json: bool) -> Result<()> {
     let r = &a.rest;
     let p2p = a.layer == LayerArg::P2p;
@@ -485,6 +505,7 @@ pub(crate) fn msgrate(pair: &mut Pair, a: &RateArgs, json: bool) -> Result<()> {
     let clock = pair.clock();
     for &size in &a.sizes {
         let (mut p2p_secs, mut chan_secs, mut probe) = (Vec::new(), Vec::new(), Vec::new());
+        let mut steps: Vec<StreamPhases> = Vec::new();
         let iters = measure::peers::stream_windows(size, r.window, r.iters);
         let warmup = r.warmup.min(iters);
         for round in 0..r.rounds {
@@ -493,7 +514,12 @@ pub(crate) fn msgrate(pair: &mut Pair, a: &RateArgs, json: bool) -> Result<()> {
             pair.probe(2_000, 200, &mut rtt)?;
             probe.push(median(rtt.iter().map(|&t| clock.ns(t) / 2.0).collect()));
             if p2p {
-                p2p_secs.push(pair.stream_p2p(StreamPlan::new(size, r.window, iters, warmup))?);
+                let plan = StreamPlan {
+                    phases: a.phases,
+                    ..StreamPlan::new(size, r.window, iters, warmup)
+                };
+                p2p_secs.push(pair.stream_p2p(plan)?);
+                steps.extend(pair.last_phases());
             }
             chan_secs.push(pair.stream(size, r.window, iters, warmup)?);
         }
@@ -503,21 +529,43 @@ pub(crate) fn msgrate(pair: &mut Pair, a: &RateArgs, json: bool) -> Result<()> {
         let probe_ns = median(probe);
         if p2p {
             let rate = msgs / median(p2p_secs);
+            let phases = (!steps.is_empty()).then(|| phase_medians(&steps));
             if json {
-                Json::row("msgrate", "p2p", pair.transport().name(), size)
+                let mut row = Json::row("msgrate", "p2p", pair.transport().name(), size)
                     .f("msgs_per_s", rate)
                     .f("channel_msgs_per_s", chan)
                     .f("channel_ratio", rate / chan)
                     .f("probe_ns", probe_ns)
                     .s("placement", placement(probe_ns))
-                    .u("window", r.window)
-                    .print();
+                    .u("window", r.window);
+                if let Some(p) = phases {
+                    row = row
+                        .f("send_isends_ns", p.send_isends_ns)
+                        .f("send_waitall_ns", p.send_waitall_ns)
+                        .f("send_ack_wait_ns", p.send_ack_wait_ns)
+                        .f("recv_irecvs_ns", p.recv_irecvs_ns)
+                        .f("recv_waitall_ns", p.recv_waitall_ns)
+                        .f("recv_ack_ns", p.recv_ack_ns);
+                }
+                row.print();
             } else {
                 println!(
                     "{size:>9} {rate:>14.0} {chan:>14.0} {:>7.2} {probe_ns:>9.0}  {}",
                     rate / chan,
                     placement(probe_ns)
                 );
+                if let Some(p) = phases {
+                    println!(
+                        "#   per window, ns: sender isends {:.0}, waitall {:.0}, ack wait {:.0}; \
+                         receiver irecvs {:.0}, waitall {:.0}, ack {:.0}",
+                        p.send_isends_ns,
+                        p.send_waitall_ns,
+                        p.send_ack_wait_ns,
+                        p.recv_irecvs_ns,
+                        p.recv_waitall_ns,
+                        p.recv_ack_ns
+                    );
+                }
             }
         } else if json {
             Json::row("msgrate", "channel", pair.transport().name(), size)
