@@ -28,7 +28,9 @@ fn child_collectives() {
         let c = w.comm();
         let (r, n) = (w.rank(), w.size());
         // With shared memory off every other rank is reached through the network.
-        let remote = std::env::var("NEMESIS_NO_SHM").is_ok_and(|v| v == "1");
+        // Read as the library reads it: any spelling of on.
+        let remote =
+            nemesis::shm::config::switch(|k| std::env::var(k).ok(), "NEMESIS_NO_SHM") == Ok(Some(true));
         let want = if remote { Locality::Remote } else { Locality::Local };
         if (0..n).any(|p| p != r && w.locality()[p as usize] != want) {
             return Err(format!(

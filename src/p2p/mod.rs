@@ -404,11 +404,12 @@ impl Config {
             "NEMESIS_FLAT_COLLECTIVES",
         )
         .map_err(|v| {
-            bad(
-                "NEMESIS_FLAT_COLLECTIVES",
-                &v,
-                "expected auto, 1 or 0 (or on/off, yes/no, true/false)",
-            )
+            // The switch's own spellings, with `auto` first.
+            let expected = nemesis_shm::config::SWITCH_EXPECTED;
+            let reason = expected
+                .strip_prefix("expected ")
+                .map_or_else(|| expected.to_string(), |s| format!("expected auto, {s}"));
+            bad("NEMESIS_FLAT_COLLECTIVES", &v, &reason)
         })?;
         Ok(Self {
             eager_limit,

@@ -107,6 +107,14 @@ fn collective_settings_are_read_and_bad_ones_named() {
         let e = read(k, v).unwrap_err().to_string();
         assert!(e.contains(k) && e.contains(v) && e.contains("expected"), "{e}");
     }
+    // The flat switch's reason names `auto` beside the spellings every switch takes.
+    let e = read("NEMESIS_FLAT_COLLECTIVES", "sometimes")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("expected auto, 1 or 0 (or on/off, yes/no, true/false)"),
+        "{e}"
+    );
 }
 
 #[test]
