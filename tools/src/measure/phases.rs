@@ -26,6 +26,18 @@ pub struct StreamPhases {
 }
 
 impl StreamPhases {
+    /// Each step with its JSON key, sender's first.
+    pub fn named(&self) -> [(&'static str, f64); 6] {
+        [
+            ("send_isends_ns", self.send_isends_ns),
+            ("send_waitall_ns", self.send_waitall_ns),
+            ("send_ack_wait_ns", self.send_ack_wait_ns),
+            ("recv_irecvs_ns", self.recv_irecvs_ns),
+            ("recv_waitall_ns", self.recv_waitall_ns),
+            ("recv_ack_ns", self.recv_ack_ns),
+        ]
+    }
+
     /// The phases of a sender's and a receiver's [`Steps`] medians.
     pub(crate) fn of(send: [f64; 3], recv: [f64; 3]) -> Self {
         Self {

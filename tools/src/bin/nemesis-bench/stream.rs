@@ -538,14 +538,8 @@ pub(crate) fn msgrate(pair: &mut Pair, a: &RateArgs, json: bool) -> Result<()> {
                     .f("probe_ns", probe_ns)
                     .s("placement", placement(probe_ns))
                     .u("window", r.window);
-                if let Some(p) = phases {
-                    row = row
-                        .f("send_isends_ns", p.send_isends_ns)
-                        .f("send_waitall_ns", p.send_waitall_ns)
-                        .f("send_ack_wait_ns", p.send_ack_wait_ns)
-                        .f("recv_irecvs_ns", p.recv_irecvs_ns)
-                        .f("recv_waitall_ns", p.recv_waitall_ns)
-                        .f("recv_ack_ns", p.recv_ack_ns);
+                for (key, ns) in phases.iter().flat_map(StreamPhases::named) {
+                    row = row.f(key, ns);
                 }
                 row.print();
             } else {
