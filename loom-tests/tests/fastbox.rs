@@ -7,13 +7,19 @@ mod common;
 use loom::thread;
 use nemesis_shm::Port;
 use nemesis_shm::heap::HeapRegion;
-use nemesis_shm::variant::{NoSeqCheck, NoSpanClear, RelaxedFbox, RelaxedFboxReturn, Sound, Variant};
+use nemesis_shm::variant::{
+    BlindToLapMarks, NoSeqCheck, NoSpanClear, RelaxedFbox, RelaxedFboxReturn, Sound, Variant,
+};
 use std::sync::Arc;
 
 /// Sends messages of the given sizes from process 0 to 1; the fastbox holds 8 bytes,
 /// cells 16. Returns what process 1 received, in order.
 fn exchange<V: Variant>(sizes: &'static [usize]) -> Vec<(u64, Vec<u8>)> {
-    let r = Arc::new(HeapRegion::new(2, 2, 16, 8));
+    exchange_in::<V>(Arc::new(HeapRegion::new(2, 2, 16, 8)), sizes)
+}
+
+/// [`exchange`] through region `r`.
+fn exchange_in<V: Variant>(r: Arc<HeapRegion>, sizes: &'static [usize]) -> Vec<(u64, Vec<u8>)> {
     let r2 = r.clone();
     let sender = thread::spawn(move || {
         let mut p = Port::<_, V>::with_variant(r2, 0);
@@ -99,6 +105,42 @@ fn ring_model_catches_a_relaxed_acknowledgement() {
 #[test]
 fn ring_model_catches_a_relaxed_publish() {
     common::must_fail(2, &["Causality violation"], ring_wrap::<RelaxedFbox>);
+}
+
+/// Messages of one box through a ring of two boxes whose lap is one: the second and
+/// third are past the lap, so the sender marks the box and goes on at the start of the
+/// next lap, or takes a cell when the receiver has not handed that box back yet (or
+/// has not passed the last mark, for the third). Whichever way, the receiver passes
+/// the marks and takes them all in order.
+fn lap_marks<V: Variant>(sizes: &'static [usize]) {
+    let r = Arc::new(HeapRegion::with_fbox_slots(2, 2, 16, 8, 2).with_fbox_lap(1));
+    check(sizes, &exchange_in::<V>(r, sizes));
+}
+
+const THREE: &[usize] = &[8, 8, 8];
+
+#[test]
+fn short_messages_mark_the_end_of_their_lap() {
+    common::model(3, || lap_marks::<Sound>(THREE));
+}
+
+#[test]
+fn lap_model_catches_a_relaxed_acknowledgement() {
+    common::must_fail(2, &["Causality violation"], || {
+        lap_marks::<RelaxedFboxReturn>(THREE)
+    });
+}
+
+/// Two messages: nothing comes after the one behind the mark to wake a receiver that
+/// slept through it.
+#[test]
+fn lap_model_catches_a_sleeper_blind_to_a_mark() {
+    common::must_fail(2, &["deadlock"], || lap_marks::<BlindToLapMarks>(&[8, 8]));
+}
+
+#[test]
+fn lap_model_catches_a_missing_sequence_check() {
+    common::must_fail(2, &["overtaken", "deadlock"], || lap_marks::<NoSeqCheck>(THREE));
 }
 
 /// Sends `msgs` from process 0 to 1 through a ring of two boxes of 8 bytes alone (a

@@ -37,6 +37,19 @@ pub const DEFAULT_FBOX_SIZE: u32 = 1152;
 /// guest, where a ring of 256 KiB or more moved 13 (a copy through a ring between two
 /// threads, BENCHMARKS.md).
 pub const DEFAULT_FBOX_SLOTS: u32 = 256;
+/// Fastboxes per ordered pair when `NEMESIS_FBOX_SLOTS` is unset and the growth over
+/// [`DEFAULT_FBOX_SLOTS`] fits [`LARGE_FBOX_BUDGET`]: osu_bw from 4 to 32 KiB moved a
+/// sixth to two fifths more through rings of 512 boxes on a 2-vCPU AMD EPYC guest,
+/// where 1 KiB messages moved a fifth less, which [`FBOX_SHORT_LAP`] keeps from them.
+pub const SMALL_JOB_FBOX_SLOTS: u32 = 512;
+/// Most bytes by which [`SMALL_JOB_FBOX_SLOTS`] may grow a segment over rings of
+/// [`DEFAULT_FBOX_SLOTS`]: jobs of up to 5 processes on the node, as for the cells.
+pub const LARGE_FBOX_BUDGET: usize = 8 << 20;
+/// Boxes at the start of each lap of a ring that messages of one box go into
+/// ([`crate::Region::fbox_lap`]), where the ring has more: a stream of short messages
+/// keeps to a ring of the default size, through which they moved the most, and
+/// messages of many boxes have the whole ring.
+pub const FBOX_SHORT_LAP: u32 = DEFAULT_FBOX_SLOTS;
 /// Most bytes the default number of fastbox slots may take in one segment, rings whole;
 /// with more processes the default halves until they fit (down to one slot per pair).
 pub const FBOX_BUDGET: usize = 64 << 20;
@@ -191,7 +204,8 @@ impl Geometry {
 
     /// The geometry with the number of fastbox slots decided for `nprocs` processes: the
     /// one asked for, or else [`DEFAULT_FBOX_SLOTS`] halved until the rings of every
-    /// ordered pair fit [`FBOX_BUDGET`].
+    /// ordered pair fit [`FBOX_BUDGET`], and [`SMALL_JOB_FBOX_SLOTS`] where the default
+    /// fits and the growth over it fits [`LARGE_FBOX_BUDGET`].
     /// The cell size, too, is decided: the one asked for, or else
     /// [`SMALL_JOB_CELL_SIZE`] where its growth fits [`LARGE_CELL_BUDGET`], else
     /// [`DEFAULT_CELL_SIZE`].
@@ -214,6 +228,17 @@ impl Geometry {
                     break;
                 }
                 k /= 2;
+            }
+            if k == DEFAULT_FBOX_SLOTS {
+                let ring = self.fbox_ring_bytes();
+                let large = Self {
+                    fbox_slots: SMALL_JOB_FBOX_SLOTS,
+                    ..self
+                };
+                let growth = large.fbox_ring_bytes().saturating_sub(ring);
+                if pairs.saturating_mul(growth) <= LARGE_FBOX_BUDGET {
+                    self.fbox_slots = SMALL_JOB_FBOX_SLOTS;
+                }
             }
         }
         if self.pair_size == PAIR_AUTO {
@@ -282,6 +307,12 @@ impl Geometry {
         }
         let need = (self.cell_capacity() as u32 + FBOX_HEADER).div_ceil(self.fbox_size);
         need.min(self.fbox_slots.max(1))
+    }
+
+    /// Boxes of each lap of a ring that messages of one box go into, once
+    /// [`Geometry::resolve`]d: [`FBOX_SHORT_LAP`], or the whole ring where it is smaller.
+    pub fn fbox_lap(&self) -> u32 {
+        self.fbox_slots.clamp(1, FBOX_SHORT_LAP)
     }
 
     /// Payload bytes of a message that takes [`Geometry::fbox_max_span`] boxes.
@@ -535,12 +566,19 @@ mod tests {
     #[test]
     fn fastbox_slots_default_by_process_count_and_can_be_set() {
         let d = Geometry::default();
-        assert_eq!(d.resolve(2).fbox_slots, DEFAULT_FBOX_SLOTS);
-        // A ring of 256 boxes of 1152 bytes has room for 28 more after it, for a message
+        assert_eq!(d.resolve(2).fbox_slots, SMALL_JOB_FBOX_SLOTS);
+        // A ring of 512 boxes of 1152 bytes has room for 28 more after it, for a message
         // of a cell's payload (32 KiB in a job this small) that starts in its last box:
-        // 320 KiB with its head; 7 more, 296 KiB, with cells of 8 KiB.
-        assert_eq!(d.resolve(2).fbox_ring_bytes(), 128 + 284 * 1152);
+        // 608 KiB with its head. Among 5, the 20 rings grow by 5.6 MiB over rings of 256.
+        assert_eq!(d.resolve(2).fbox_ring_bytes(), 128 + 540 * 1152);
+        assert_eq!(d.resolve(5).fbox_slots, SMALL_JOB_FBOX_SLOTS);
+        // Among 6, 30 rings would grow by 8.4 MiB: 256 boxes, and 7 more with cells of
+        // 8 KiB, 296 KiB.
+        assert_eq!(d.resolve(6).fbox_slots, DEFAULT_FBOX_SLOTS);
         assert_eq!(d.resolve(6).fbox_ring_bytes(), 128 + 263 * 1152);
+        // Messages of one box keep to the first 256 boxes of each lap, however large.
+        assert_eq!(d.resolve(2).fbox_lap(), FBOX_SHORT_LAP);
+        assert_eq!(d.resolve(6).fbox_lap(), FBOX_SHORT_LAP);
         assert_eq!(d.resolve(15).fbox_slots, 256);
         // 16 x 15 pairs of 296 KiB take 69 MiB.
         assert_eq!(d.resolve(16).fbox_slots, 128);
@@ -553,6 +591,11 @@ mod tests {
         assert_eq!(d.resolve(4096).fbox_ring_bytes(), 128 + 1152);
         let g = Geometry::from_lookup(env(&[("NEMESIS_FBOX_SLOTS", "2")])).unwrap();
         assert_eq!(g.resolve(1000).fbox_slots, 2);
+        assert_eq!(
+            g.resolve(1000).fbox_lap(),
+            2,
+            "a lap is never longer than its ring"
+        );
         for bad in ["3", "2048", "x"] {
             let err = Geometry::from_lookup(env(&[("NEMESIS_FBOX_SLOTS", bad)])).unwrap_err();
             assert!(err.to_string().contains("NEMESIS_FBOX_SLOTS"), "{err}");

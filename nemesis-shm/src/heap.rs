@@ -15,6 +15,8 @@ pub struct HeapRegion {
     cell_capacity: usize,
     fbox_capacity: usize,
     fbox_slots: u32,
+    /// Boxes of a lap that a message of one box goes into ([`Region::fbox_lap`]).
+    fbox_lap: u32,
     /// Most boxes one message takes.
     fbox_max_span: usize,
     recv: Vec<CachePadded<QueueShared>>,
@@ -93,6 +95,7 @@ impl HeapRegion {
             cell_capacity,
             fbox_capacity,
             fbox_slots,
+            fbox_lap: fbox_slots,
             fbox_max_span: max_span,
             recv: (0..n).map(|_| CachePadded(QueueShared::new())).collect(),
             free: (0..n).map(|_| CachePadded(QueueShared::new())).collect(),
@@ -115,6 +118,17 @@ impl HeapRegion {
                 })
                 .collect(),
         }
+    }
+
+    /// This region with messages of one box kept to the first `lap` boxes of each lap
+    /// of a ring ([`Region::fbox_lap`]).
+    ///
+    /// # Panics
+    /// If `lap` is not a power of two, or is larger than the ring.
+    pub fn with_fbox_lap(mut self, lap: u32) -> Self {
+        assert!(lap.is_power_of_two() && lap <= self.fbox_slots);
+        self.fbox_lap = lap;
+        self
     }
 }
 
@@ -254,6 +268,9 @@ impl Region for HeapRegion {
     }
     fn fbox_slots(&self) -> u32 {
         self.fbox_slots
+    }
+    fn fbox_lap(&self) -> u32 {
+        self.fbox_lap
     }
     fn fbox_span(&self, len: usize) -> u64 {
         if self.fbox_capacity == 0 {

@@ -37,6 +37,9 @@ pub struct Corrupt {
 const POLL_BUDGET: usize = 64;
 /// How many fastbox messages from one peer one poll hands up at most.
 const FBOX_RUN: usize = 64;
+/// Set in a box's sequence word beside the number of the message due: no message, the
+/// sender went on at the start of the ring's next lap (see [`short_past_lap`]).
+const LAP_MARK: u64 = 1 << 63;
 
 /// A process's end of the transport over a [`Region`].
 pub struct Port<R: Region, V: Variant = Sound> {
@@ -96,6 +99,9 @@ struct Rings<R: Region> {
     /// it: a stream of long messages (see [`Port::streams_to`]). Beside `streaming`, so
     /// a receive clears both with one store.
     streaming_long: bool,
+    /// The count of `out` from which a message of one box goes past its lap's first
+    /// [`Region::fbox_lap`] boxes ([`short_past_lap`]); never when the lap is the ring.
+    lap_end: u64,
     /// A receiver behind its sender reads ahead in `inn` ([`fetch_ahead`]); looked at
     /// only then, here rather than in the book so that the one-message poll does not
     /// carry it.
@@ -117,6 +123,11 @@ impl<R: Region> Rings<R> {
             in_next,
             streaming: false,
             streaming_long: false,
+            lap_end: if region.fbox_lap() < region.fbox_slots() {
+                u64::from(region.fbox_lap())
+            } else {
+                u64::MAX
+            },
             read_ahead: crate::config::default_read_ahead(),
         }
     }
@@ -479,8 +490,13 @@ impl<R: Region, V: Variant> Port<R, V> {
             let peer = &mut b.peers[pos];
             if V::SEQ_CHECK && meta.seq != peer.recv_seq as u32 {
                 // Its predecessor went through the fastbox, which was published first.
+                let due = peer.recv_seq;
                 if take_fbox::<R, V, F>(region, peer, b.fbox_cap, b.fbox_slots, f) {
                     got += 1;
+                    continue;
+                }
+                if peer.recv_seq != due {
+                    // A lap's mark was its predecessor.
                     continue;
                 }
                 break;
@@ -521,11 +537,12 @@ impl<R: Region, V: Variant> Port<R, V> {
         let b = &self.book;
         let region = &*self.region;
         for peer in b.peers.iter() {
-            if let Some(r) = &peer.boxes
-                // SAFETY: a key of this region.
-                && unsafe { region.fbox_at(r.in_next) }.seq().load(Ordering::Acquire) == peer.recv_seq
-            {
-                return true;
+            if let Some(r) = &peer.boxes {
+                let word = seq_in::<R>(region, r.in_next);
+                // A lap's mark is work: the message after it may be in a cell.
+                if word == peer.recv_seq || (V::WAKE_SEES_LAP_MARKS && word == peer.recv_seq | LAP_MARK) {
+                    return true;
+                }
             }
         }
         // SAFETY: keys of this region.
@@ -649,8 +666,16 @@ fn put_fbox<R: Region, V: Variant>(
     let Some(r) = &mut peer.boxes else {
         return false;
     };
-    let seq = peer.send_seq;
-    let sent = r.sent;
+    let mut seq = peer.send_seq;
+    let mut sent = r.sent;
+    if span == 1 && sent >= r.lap_end {
+        let Some(marks) = short_past_lap::<R, V>(region, r, slots, seq) else {
+            return false;
+        };
+        seq += marks;
+        peer.send_seq = seq;
+        sent = r.sent;
+    }
     if sent + span - r.acked > slots {
         // SAFETY: every key in the book was made by `region`.
         r.acked = unsafe { region.fbox_ack_of(r.out) }.load(Ordering::Acquire);
@@ -704,6 +729,43 @@ fn put_fbox_span<R: Region, V: Variant>(
     }
 }
 
+/// A message of one box at `r.sent`, which has reached `r.lap_end`: past the first
+/// [`Region::fbox_lap`] boxes of its lap, the sender marks the next box as the lap's end
+/// and moves the ring on to the start of the next lap, so that a stream of short
+/// messages goes round the first boxes of the ring only, whose lines stay in the
+/// caches, and the rest is for messages of many boxes. The mark takes number `seq`, so
+/// the receiver meets it in order; it carries nothing to read. Where messages of many
+/// boxes have already carried the ring into a new lap, only the lap's end moves.
+/// Returns how many numbers the marks took (0 or 1), or `None`, having done nothing,
+/// when the box for the mark is not free yet.
+#[cold]
+#[inline(never)]
+fn short_past_lap<R: Region, V: Variant>(region: &R, r: &mut Rings<R>, slots: u64, seq: u64) -> Option<u64> {
+    let lap = u64::from(region.fbox_lap());
+    let sent = r.sent;
+    if sent & (slots - 1) < lap {
+        r.lap_end = (sent & !(slots - 1)) + lap;
+        return Some(0);
+    }
+    if sent + 1 - r.acked > slots {
+        // SAFETY: every key in the book was made by `region`.
+        r.acked = unsafe { region.fbox_ack_of(r.out) }.load(Ordering::Acquire);
+        if sent + 1 - r.acked > slots {
+            return None;
+        }
+    }
+    // SAFETY: a key of this region; the box is ours by the acknowledgement above.
+    unsafe { region.fbox_at(r.out_next) }
+        .seq()
+        .store(seq | LAP_MARK, V::FBOX_PUBLISH);
+    let next = (sent | (slots - 1)) + 1;
+    r.sent = next;
+    r.lap_end = next + lap;
+    // SAFETY: a key of this region.
+    r.out_next = unsafe { region.box_key(r.out, next) };
+    Some(1)
+}
+
 /// The shortest message after which a receiver prepares the lines of a reply as long
 /// (see [`take_fbox`]): measured, 1 KiB ping-pongs gained a sixth through the channel
 /// (a sixteenth through `World`), 64 and 256-byte ones lost a few percent.
@@ -723,10 +785,17 @@ fn take_fbox<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
         return false;
     };
     let due = *recv_seq;
-    if !due_in::<R>(region, r.in_next, due) {
-        return false;
+    let word = seq_in::<R>(region, r.in_next);
+    if word != due {
+        // An older number is no message; a larger one only a lap's mark.
+        if word < due || pass_lap_mark::<R, V>(region, r, recv_seq, slots, word).is_none() {
+            return false;
+        }
+        if !due_in::<R>(region, r.in_next, due + 1) {
+            return false;
+        }
     }
-    // SAFETY: `due_in` saw the message `due` published there.
+    // SAFETY: the message now due was seen published there.
     unsafe { deliver::<R, V, F>(region, index, r, r.in_next, recv_seq, one, slots, f) };
     true
 }
@@ -749,8 +818,21 @@ fn take_run<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
     let mut next = r.in_next;
     let mut due = *recv_seq;
     let mut run = 0;
-    while run < FBOX_RUN && due_in::<R>(region, next, due) {
-        // SAFETY: `due_in` saw the message `due` published there.
+    while run < FBOX_RUN {
+        let word = seq_in::<R>(region, next);
+        if word != due {
+            // An older number is no message; a larger one only a lap's mark.
+            if word < due {
+                break;
+            }
+            match pass_lap_mark::<R, V>(region, r, recv_seq, slots, word) {
+                Some(n) => next = n,
+                None => break,
+            }
+            due += 1;
+            continue;
+        }
+        // SAFETY: the Acquire load above saw the message `due` published there.
         next = unsafe { deliver::<R, V, F>(region, index, r, next, recv_seq, one, slots, f) };
         due += 1;
         run += 1;
@@ -781,8 +863,41 @@ fn receiving<R: Region>(peer: &mut Peer<R>) -> Option<(u32, &mut Rings<R>, &mut 
 /// read.
 #[inline(always)]
 fn due_in<R: Region>(region: &R, at: R::BoxKey, due: u64) -> bool {
+    seq_in::<R>(region, at) == due
+}
+
+/// The sequence word of box `at`, loaded with Acquire: the number of the message in it,
+/// or of a lap's mark with [`LAP_MARK`], or an older one.
+#[inline(always)]
+fn seq_in<R: Region>(region: &R, at: R::BoxKey) -> u64 {
     // SAFETY: a key of this region.
-    unsafe { region.fbox_at(at) }.seq().load(Ordering::Acquire) == due
+    unsafe { region.fbox_at(at) }.seq().load(Ordering::Acquire)
+}
+
+/// Where the next box of ring `r` holds `word` in place of the message due, and that is
+/// the mark of a lap's end ([`short_past_lap`]): moves the ring and `recv_seq` past it,
+/// to the start of the ring's next lap, hands the boxes passed over back to the sender,
+/// and returns the box to look at next. `None` for any other word.
+#[cold]
+#[inline(never)]
+fn pass_lap_mark<R: Region, V: Variant>(
+    region: &R,
+    r: &mut Rings<R>,
+    recv_seq: &mut u64,
+    slots: u64,
+    word: u64,
+) -> Option<R::BoxKey> {
+    if word != *recv_seq | LAP_MARK {
+        return None;
+    }
+    let next = (r.taken | (slots - 1)) + 1;
+    r.taken = next;
+    // SAFETY: keys of this region.
+    r.in_next = unsafe { region.box_key(r.inn, next) };
+    *recv_seq += 1;
+    // SAFETY: a key of this region.
+    unsafe { region.fbox_ack_of(r.inn) }.store(next, V::FBOX_RETURN);
+    Some(r.in_next)
 }
 
 /// Hands `f` the message due in box `at`, the next of ring `r`, from local process
@@ -1011,6 +1126,63 @@ mod tests {
         }
         assert_eq!(got.iter().map(|m| m.0).collect::<Vec<_>>(), vec![9, 10, 11, 12]);
         assert!(got.iter().all(|g| g.1 == m));
+    }
+
+    #[test]
+    fn short_messages_keep_to_the_lap_and_long_ones_use_the_whole_ring() {
+        // Eight boxes of 16 bytes, messages of one box in the first four of each lap.
+        let r = Arc::new(HeapRegion::with_fbox_slots(2, 8, 64, 16, 8).with_fbox_lap(4));
+        let (mut a, mut b) = (Port::new(r.clone(), 0), Port::new(r, 1));
+        let (short, long) = ([1u8; 16], [2u8; 32]);
+        for i in 0..4u64 {
+            a.try_send(1, &[i, 0], &[&short], 16).unwrap();
+        }
+        assert_eq!(drain(&mut b).len(), 4);
+        // Box 4 is past the lap: marked, and the message goes into box 0 of the next lap.
+        a.try_send(1, &[4, 0], &[&short], 16).unwrap();
+        assert_eq!(a.rings_to(1).map(|r| r.sent), Some(9));
+        // Until the receiver passes the mark, boxes 4 to 7 count as the sender's.
+        assert_eq!(drain(&mut b).iter().map(|m| m.1).collect::<Vec<_>>(), vec![4]);
+        assert_eq!(b.rings_to(0).map(|r| r.taken), Some(9));
+        // Two boxes each: 9-10, 11-12 and 13-14, past the lap; the ring holds them all.
+        for i in 5..8u64 {
+            a.try_send(1, &[i, 0], &[&long], 32).unwrap();
+        }
+        assert_eq!(a.cells_for(1), 8, "every message went by fastbox");
+        assert_eq!(a.rings_to(1).map(|r| r.sent), Some(15));
+        let got = drain(&mut b);
+        assert_eq!(got.iter().map(|m| m.1).collect::<Vec<_>>(), vec![5, 6, 7]);
+        assert!(got.iter().all(|m| m.2 == long));
+        assert_eq!(b.rings_to(0).map(|r| r.taken), Some(15));
+        // The next short one is past the lap again: the mark at 15, the message at 16.
+        a.try_send(1, &[8, 0], &[&short], 16).unwrap();
+        assert_eq!(a.rings_to(1).map(|r| r.sent), Some(17));
+        assert_eq!(drain(&mut b).iter().map(|m| m.1).collect::<Vec<_>>(), vec![8]);
+        assert_eq!(b.rings_to(0).map(|r| r.taken), Some(17));
+    }
+
+    #[test]
+    fn a_message_by_cell_after_a_lap_mark_waits_for_the_mark() {
+        let r = Arc::new(HeapRegion::with_fbox_slots(2, 8, 64, 16, 8).with_fbox_lap(4));
+        let (mut a, mut b) = (Port::new(r.clone(), 0), Port::new(r, 1));
+        let m = [3u8; 16];
+        for i in 0..4u64 {
+            a.try_send(1, &[i, 0], &[&m], 16).unwrap();
+        }
+        // The mark fits box 4, but box 0 of the next lap is not back yet: a cell.
+        a.try_send(1, &[4, 0], &[&m], 16).unwrap();
+        assert_eq!(a.cells_for(1), 7, "the fifth took a cell");
+        assert!(b.has_work());
+        let mut got = Vec::new();
+        while got.len() < 5 {
+            got.extend(drain(&mut b).into_iter().map(|m| m.1));
+        }
+        assert_eq!(got, vec![0, 1, 2, 3, 4]);
+        assert!(!b.has_work());
+        // The next lap: box 0 is back.
+        a.try_send(1, &[5, 0], &[&m], 16).unwrap();
+        assert_eq!(a.cells_for(1), 8);
+        assert_eq!(drain(&mut b).iter().map(|m| m.1).collect::<Vec<_>>(), vec![5]);
     }
 
     #[test]

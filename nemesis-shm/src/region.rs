@@ -131,6 +131,14 @@ pub trait Region: Links + Send + Sync {
     fn fbox_capacity(&self) -> usize;
     /// Fastboxes in each ordered pair's ring, a power of two.
     fn fbox_slots(&self) -> u32;
+    /// The boxes at the start of each lap of a ring that messages of one box go into, a
+    /// power of two no larger than [`Region::fbox_slots`]: a sender whose short message
+    /// would go past them marks the box and goes on at the next lap's start, so that
+    /// only messages of many boxes use the whole ring. A sender's choice; the receiver
+    /// follows the marks.
+    fn fbox_lap(&self) -> u32 {
+        self.fbox_slots()
+    }
     /// How many consecutive boxes a message of `len` payload bytes takes (at least 1), or
     /// 0 when it is too long for a fastbox.
     fn fbox_span(&self, len: usize) -> u64;

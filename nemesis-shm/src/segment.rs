@@ -922,6 +922,9 @@ impl Region for Segment {
     fn fbox_slots(&self) -> u32 {
         self.layout.geo.fbox_slots
     }
+    fn fbox_lap(&self) -> u32 {
+        self.layout.geo.fbox_lap()
+    }
     #[inline(always)]
     fn fbox_span(&self, len: usize) -> u64 {
         let h = &self.hot;

@@ -28,6 +28,9 @@ pub trait Variant: 'static {
     const SEQ_CHECK: bool = true;
     /// Whether a sleeper looks for work again after announcing that it sleeps.
     const WAKE_RECHECK: bool = true;
+    /// Whether that look counts a lap's mark in the next fastbox as work: the message
+    /// after the mark was published with it, wherever it went.
+    const WAKE_SEES_LAP_MARKS: bool = true;
     /// Whether a sender whose ring finds the receiver watching its wake socket wakes it
     /// there.
     const WAKE_WATCHERS: bool = true;
@@ -166,6 +169,16 @@ pub enum NoWakeRecheck {}
 #[cfg(loom)]
 impl Variant for NoWakeRecheck {
     const WAKE_RECHECK: bool = false;
+}
+
+/// Broken: the sleeper's look for work passes over a lap's mark, so a message that
+/// follows one and whose doorbell rang before the sleeper announced itself is missed.
+#[cfg(loom)]
+#[derive(Debug)]
+pub enum BlindToLapMarks {}
+#[cfg(loom)]
+impl Variant for BlindToLapMarks {
+    const WAKE_SEES_LAP_MARKS: bool = false;
 }
 
 /// Broken: a sender wakes a futex sleeper but not a process that watches its wake
