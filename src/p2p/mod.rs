@@ -252,12 +252,14 @@ pub const DEFAULT_STREAM_TUNE_LIMIT: usize = 512 << 10;
 /// ch3:nemesis (0.93× it with the CPUs sharing a cache became 1.03×), and in 22 turns
 /// `nemesis-bench bw` into distinct buffers moved 9.9 against 9.4 near. Without a
 /// shared cache own copies move a third of what `cma-split` (the first of the default
-/// order there) does, and `bw` moved 9.3 against 9.6 with the choice. At 2 MiB, a fresh
-/// sender's looks at own copies fell in the timed windows of `bw`'s short rounds and
-/// halved them across caches; at 4 MiB the two ways were level (BENCHMARKS.md). Where
-/// the stream tune limit is 0 (a rendezvous that copies by the kernel first, as on
-/// Intel CPUs) or a strategy is forced, the default is 0.
-pub const DEFAULT_STREAM_COPIES_LIMIT: usize = 1 << 20;
+/// order there) does, and `bw` moved 9.3 against 9.6 with the choice. Up to 4 MiB since
+/// 24 turns beside the limit of 1 MiB put osu_bw 32% higher at 2 MiB and 27% at 4 MiB
+/// with the CPUs sharing a cache, level across caches, and `bw` within 7% either way
+/// (BENCHMARKS.md, "Own copies up to 4 MiB"); an earlier run had found 2 MiB rounds of
+/// `bw` halved across caches, which these did not repeat. Where the stream tune limit
+/// is 0 (a rendezvous that copies by the kernel first, as on Intel CPUs) or a strategy
+/// is forced, the default is 0.
+pub const DEFAULT_STREAM_COPIES_LIMIT: usize = 4 << 20;
 
 /// Tunables, from the environment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
