@@ -676,12 +676,8 @@ fn put_fbox<R: Region, V: Variant>(
         peer.send_seq = seq;
         sent = r.sent;
     }
-    if sent + span - r.acked > slots {
-        // SAFETY: every key in the book was made by `region`.
-        r.acked = unsafe { region.fbox_ack_of(r.out) }.load(Ordering::Acquire);
-        if sent + span - r.acked > slots {
-            return false;
-        }
+    if !room_for(region, r, sent, span, slots) {
+        return false;
     }
     // SAFETY: a key of this region.
     let out = unsafe { region.fbox_at(r.out_next) };
@@ -729,6 +725,27 @@ fn put_fbox_span<R: Region, V: Variant>(
     }
 }
 
+/// Whether the `span` boxes of ring `r` from count `sent` are ours, by the
+/// acknowledgement we hold or, when that says the ring is full, by the receiver's
+/// word read again.
+#[inline(always)]
+fn room_for<R: Region>(region: &R, r: &mut Rings<R>, sent: u64, span: u64, slots: u64) -> bool {
+    if sent + span - r.acked > slots {
+        // SAFETY: every key in the book was made by `region`.
+        r.acked = unsafe { region.fbox_ack_of(r.out) }.load(Ordering::Acquire);
+        if sent + span - r.acked > slots {
+            return false;
+        }
+    }
+    true
+}
+
+/// The count at which the lap after the one of `count` starts, in a ring of `slots`.
+#[inline(always)]
+fn next_lap(count: u64, slots: u64) -> u64 {
+    (count | (slots - 1)) + 1
+}
+
 /// A message of one box at `r.sent`, which has reached `r.lap_end`: past the first
 /// [`Region::fbox_lap`] boxes of its lap, the sender marks the next box as the lap's end
 /// and moves the ring on to the start of the next lap, so that a stream of short
@@ -747,18 +764,14 @@ fn short_past_lap<R: Region, V: Variant>(region: &R, r: &mut Rings<R>, slots: u6
         r.lap_end = (sent & !(slots - 1)) + lap;
         return Some(0);
     }
-    if sent + 1 - r.acked > slots {
-        // SAFETY: every key in the book was made by `region`.
-        r.acked = unsafe { region.fbox_ack_of(r.out) }.load(Ordering::Acquire);
-        if sent + 1 - r.acked > slots {
-            return None;
-        }
+    if !room_for(region, r, sent, 1, slots) {
+        return None;
     }
     // SAFETY: a key of this region; the box is ours by the acknowledgement above.
     unsafe { region.fbox_at(r.out_next) }
         .seq()
         .store(seq | LAP_MARK, V::FBOX_PUBLISH);
-    let next = (sent | (slots - 1)) + 1;
+    let next = next_lap(sent, slots);
     r.sent = next;
     r.lap_end = next + lap;
     // SAFETY: a key of this region.
@@ -890,7 +903,7 @@ fn pass_lap_mark<R: Region, V: Variant>(
     if word != *recv_seq | LAP_MARK {
         return None;
     }
-    let next = (r.taken | (slots - 1)) + 1;
+    let next = next_lap(r.taken, slots);
     r.taken = next;
     // SAFETY: keys of this region.
     r.in_next = unsafe { region.box_key(r.inn, next) };
