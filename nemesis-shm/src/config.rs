@@ -37,11 +37,14 @@ pub const DEFAULT_FBOX_SIZE: u32 = 1152;
 /// guest, where a ring of 256 KiB or more moved 13 (a copy through a ring between two
 /// threads, BENCHMARKS.md).
 pub const DEFAULT_FBOX_SLOTS: u32 = 256;
-/// Fastboxes per ordered pair when `NEMESIS_FBOX_SLOTS` is unset and the growth over
-/// [`DEFAULT_FBOX_SLOTS`] fits [`LARGE_FBOX_BUDGET`]: osu_bw from 4 to 32 KiB moved a
-/// sixth to two fifths more through rings of 512 boxes on a 2-vCPU AMD EPYC guest,
-/// where 1 KiB messages moved a fifth less, which [`FBOX_SHORT_LAP`] keeps from them.
-pub const SMALL_JOB_FBOX_SLOTS: u32 = 512;
+/// Fastboxes per ordered pair when `NEMESIS_FBOX_SLOTS` is unset, largest first: the
+/// first whose growth over [`DEFAULT_FBOX_SLOTS`] fits [`LARGE_FBOX_BUDGET`] (1024 up to
+/// 3 processes, 512 up to 5). osu_bw from 4 to 32 KiB moved a sixth to two fifths more
+/// through rings of 512 boxes than of 256 on a 2-vCPU AMD EPYC (Zen 3) guest, and 2 to
+/// 256 KiB a fifth to three fifths more through rings of 1024 than of 512 on a Zen 4
+/// one, where 1 KiB messages moved less through larger rings, which [`FBOX_SHORT_LAP`]
+/// keeps from them.
+pub const SMALL_JOB_FBOX_SLOTS: [u32; 2] = [MAX_FBOX_SLOTS, 512];
 /// Most bytes by which [`SMALL_JOB_FBOX_SLOTS`] may grow a segment over rings of
 /// [`DEFAULT_FBOX_SLOTS`]: jobs of up to 5 processes on the node, as for the cells.
 pub const LARGE_FBOX_BUDGET: usize = 8 << 20;
@@ -204,8 +207,8 @@ impl Geometry {
 
     /// The geometry with the number of fastbox slots decided for `nprocs` processes: the
     /// one asked for, or else [`DEFAULT_FBOX_SLOTS`] halved until the rings of every
-    /// ordered pair fit [`FBOX_BUDGET`], and [`SMALL_JOB_FBOX_SLOTS`] where the default
-    /// fits and the growth over it fits [`LARGE_FBOX_BUDGET`].
+    /// ordered pair fit [`FBOX_BUDGET`], and the first of [`SMALL_JOB_FBOX_SLOTS`] whose
+    /// growth over it fits [`LARGE_FBOX_BUDGET`] where the default fits.
     /// The cell size, too, is decided: the one asked for, or else
     /// [`SMALL_JOB_CELL_SIZE`] where its growth fits [`LARGE_CELL_BUDGET`], else
     /// [`DEFAULT_CELL_SIZE`].
@@ -231,13 +234,15 @@ impl Geometry {
             }
             if k == DEFAULT_FBOX_SLOTS {
                 let ring = self.fbox_ring_bytes();
-                let large = Self {
-                    fbox_slots: SMALL_JOB_FBOX_SLOTS,
-                    ..self
+                let fits = |slots| {
+                    let large = Self {
+                        fbox_slots: slots,
+                        ..self
+                    };
+                    pairs.saturating_mul(large.fbox_ring_bytes().saturating_sub(ring)) <= LARGE_FBOX_BUDGET
                 };
-                let growth = large.fbox_ring_bytes().saturating_sub(ring);
-                if pairs.saturating_mul(growth) <= LARGE_FBOX_BUDGET {
-                    self.fbox_slots = SMALL_JOB_FBOX_SLOTS;
+                if let Some(&slots) = SMALL_JOB_FBOX_SLOTS.iter().find(|&&slots| fits(slots)) {
+                    self.fbox_slots = slots;
                 }
             }
         }
@@ -566,12 +571,17 @@ mod tests {
     #[test]
     fn fastbox_slots_default_by_process_count_and_can_be_set() {
         let d = Geometry::default();
-        assert_eq!(d.resolve(2).fbox_slots, SMALL_JOB_FBOX_SLOTS);
-        // A ring of 512 boxes of 1152 bytes has room for 28 more after it, for a message
+        assert_eq!(d.resolve(2).fbox_slots, 1024);
+        // A ring of 1024 boxes of 1152 bytes has room for 28 more after it, for a message
         // of a cell's payload (32 KiB in a job this small) that starts in its last box:
-        // 608 KiB with its head. Among 5, the 20 rings grow by 5.6 MiB over rings of 256.
-        assert_eq!(d.resolve(2).fbox_ring_bytes(), 128 + 540 * 1152);
-        assert_eq!(d.resolve(5).fbox_slots, SMALL_JOB_FBOX_SLOTS);
+        // 1.16 MiB with its head. Among 3, the 6 rings grow by 5.1 MiB over rings of 256;
+        // among 4, the 12 would grow by 10.1 MiB, but by 3.4 MiB with rings of 512.
+        assert_eq!(d.resolve(2).fbox_ring_bytes(), 128 + 1052 * 1152);
+        assert_eq!(d.resolve(3).fbox_slots, 1024);
+        assert_eq!(d.resolve(4).fbox_slots, 512);
+        assert_eq!(d.resolve(4).fbox_ring_bytes(), 128 + 540 * 1152);
+        // Among 5, the 20 rings of 512 grow by 5.6 MiB.
+        assert_eq!(d.resolve(5).fbox_slots, 512);
         // Among 6, 30 rings would grow by 8.4 MiB: 256 boxes, and 7 more with cells of
         // 8 KiB, 296 KiB.
         assert_eq!(d.resolve(6).fbox_slots, DEFAULT_FBOX_SLOTS);
