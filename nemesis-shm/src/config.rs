@@ -38,13 +38,14 @@ pub const DEFAULT_FBOX_SIZE: u32 = 1152;
 /// threads, BENCHMARKS.md).
 pub const DEFAULT_FBOX_SLOTS: u32 = 256;
 /// Fastboxes per ordered pair when `NEMESIS_FBOX_SLOTS` is unset, largest first: the
-/// first whose growth over [`DEFAULT_FBOX_SLOTS`] fits [`LARGE_FBOX_BUDGET`] (1024 up to
-/// 3 processes, 512 up to 5). osu_bw from 4 to 32 KiB moved a sixth to two fifths more
-/// through rings of 512 boxes than of 256 on a 2-vCPU AMD EPYC (Zen 3) guest, and 2 to
-/// 256 KiB a fifth to three fifths more through rings of 1024 than of 512 on a Zen 4
-/// one, where 1 KiB messages moved less through larger rings, which [`FBOX_SHORT_LAP`]
-/// keeps from them.
-pub const SMALL_JOB_FBOX_SLOTS: [u32; 2] = [MAX_FBOX_SLOTS, 512];
+/// first whose growth over [`DEFAULT_FBOX_SLOTS`] fits [`LARGE_FBOX_BUDGET`] (2048 for
+/// 2 processes, 1024 for 3, 512 for 4 and 5). osu_bw from 4 to 32 KiB moved a sixth to
+/// two fifths more through rings of 512 boxes than of 256 on a 2-vCPU AMD EPYC (Zen 3)
+/// guest, and on a Zen 4 one 4 to 64 KiB a half to three quarters more through rings of
+/// 1024 than of 512 and a fifth to three fifths more again through 2048, while 4096 did
+/// no better than 2048. Short messages moved less through larger rings, which
+/// [`FBOX_SHORT_LAP`] keeps from them.
+pub const SMALL_JOB_FBOX_SLOTS: [u32; 3] = [2048, 1024, 512];
 /// Most bytes by which [`SMALL_JOB_FBOX_SLOTS`] may grow a segment over rings of
 /// [`DEFAULT_FBOX_SLOTS`]: jobs of up to 5 processes on the node, as for the cells.
 pub const LARGE_FBOX_BUDGET: usize = 8 << 20;
@@ -57,7 +58,7 @@ pub const FBOX_SHORT_LAP: u32 = DEFAULT_FBOX_SLOTS;
 /// with more processes the default halves until they fit (down to one slot per pair).
 pub const FBOX_BUDGET: usize = 64 << 20;
 /// Most fastboxes per ordered pair.
-pub const MAX_FBOX_SLOTS: u32 = 1024;
+pub const MAX_FBOX_SLOTS: u32 = 4096;
 /// Bytes of the buffer each pair of processes shares for medium messages when
 /// `NEMESIS_PAIR_SIZE` is unset, unless [`LARGE_PAIR_BUDGET`] or [`PAIR_BUDGET`] asks for
 /// less: the largest, as an answer up to its size goes through it without a handshake,
@@ -188,7 +189,7 @@ impl Geometry {
             return bad(
                 "NEMESIS_FBOX_SLOTS",
                 self.fbox_slots,
-                "must be 0 (chosen by the number of processes) or a power of two up to 1024",
+                "must be 0 (chosen by the number of processes) or a power of two up to 4096",
             );
         }
         let piece = crate::pairbuf::PIECE as u32;
@@ -571,13 +572,15 @@ mod tests {
     #[test]
     fn fastbox_slots_default_by_process_count_and_can_be_set() {
         let d = Geometry::default();
-        assert_eq!(d.resolve(2).fbox_slots, 1024);
-        // A ring of 1024 boxes of 1152 bytes has room for 28 more after it, for a message
+        assert_eq!(d.resolve(2).fbox_slots, 2048);
+        // A ring of 2048 boxes of 1152 bytes has room for 28 more after it, for a message
         // of a cell's payload (32 KiB in a job this small) that starts in its last box:
-        // 1.16 MiB with its head. Among 3, the 6 rings grow by 5.1 MiB over rings of 256;
-        // among 4, the 12 would grow by 10.1 MiB, but by 3.4 MiB with rings of 512.
-        assert_eq!(d.resolve(2).fbox_ring_bytes(), 128 + 1052 * 1152);
+        // 2.28 MiB with its head; the 2 rings of 2 processes grow by 3.9 MiB over rings
+        // of 256. Among 3, the 6 rings would grow by 11.8 MiB, but by 5.1 MiB with rings
+        // of 1024; among 4, the 12 would grow by 10.1 MiB with 1024, by 3.4 with 512.
+        assert_eq!(d.resolve(2).fbox_ring_bytes(), 128 + 2076 * 1152);
         assert_eq!(d.resolve(3).fbox_slots, 1024);
+        assert_eq!(d.resolve(3).fbox_ring_bytes(), 128 + 1052 * 1152);
         assert_eq!(d.resolve(4).fbox_slots, 512);
         assert_eq!(d.resolve(4).fbox_ring_bytes(), 128 + 540 * 1152);
         // Among 5, the 20 rings of 512 grow by 5.6 MiB.
@@ -606,7 +609,7 @@ mod tests {
             2,
             "a lap is never longer than its ring"
         );
-        for bad in ["3", "2048", "x"] {
+        for bad in ["3", "8192", "x"] {
             let err = Geometry::from_lookup(env(&[("NEMESIS_FBOX_SLOTS", bad)])).unwrap_err();
             assert!(err.to_string().contains("NEMESIS_FBOX_SLOTS"), "{err}");
         }

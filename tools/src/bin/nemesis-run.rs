@@ -36,9 +36,9 @@ Environment read by the processes (see README.md):
   NEMESIS_CELL_SIZE        bytes per cell, header included (default 32896 up to 5
                            processes on the node, 8320 from 6)
   NEMESIS_FBOX_SIZE        bytes per fastbox, header included; 0 = none (default 1152)
-  NEMESIS_FBOX_SLOTS       fastboxes per ordered pair, a power of two up to 1024 (default
-                           1024 up to 3 processes on the node, 512 up to 5, 256 up to
-                           15, fewer from 16)
+  NEMESIS_FBOX_SLOTS       fastboxes per ordered pair, a power of two up to 4096 (default
+                           2048 for 2 processes on the node, 1024 for 3, 512 for 4 and
+                           5, 256 up to 15, fewer from 16)
   NEMESIS_PAIR_SIZE        bytes of the buffer each pair shares for medium messages; 0 =
                            none (default 1M, smaller with more processes)
   NEMESIS_SHM_DIR          directory of the shared segment (default /dev/shm)
