@@ -426,6 +426,43 @@ fn tables_without_json_and_help() {
     );
 }
 
+/// A reader that goes away early (`nemesis-bench memory | head -1`) ends the program
+/// quietly, with status 0; an output that cannot be written to fails it with status 1,
+/// saying why. Neither panics.
+#[test]
+fn a_closed_or_full_output_ends_the_program_without_a_panic() {
+    let mut child = Command::new(BENCH)
+        .args(["memory", "--procs", "2,4"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The only reader goes before the first line is written.
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success() && !err.contains("panicked"),
+        "{:?}: {err}",
+        o.status
+    );
+
+    let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+        return;
+    };
+    let o = Command::new(BENCH)
+        .args(["memory", "--procs", "2"])
+        .stdout(full)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("writing to standard output") && !err.contains("panicked"),
+        "{err}"
+    );
+}
+
 /// The number after `"key":` in a JSON line.
 fn number(line: &str, key: &str) -> f64 {
     let at = line

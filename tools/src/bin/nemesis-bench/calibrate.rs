@@ -100,18 +100,18 @@ pub(crate) fn calibrate(a: &CalibrateArgs, json: bool) -> Result<()> {
     let mut by_size: Vec<(usize, Vec<f64>)> = Vec::new();
     let mut cells = 0;
     if !json {
-        println!(
+        outln!(
             "# large-message strategies on {}, MB/s, window {}, {} rounds interleaved, probe {probe_ns:.0} ns ({})",
             measure::cpu_model(),
             a.window,
             a.rounds,
             placement(probe_ns)
         );
-        print!("# {:>9} {:>9}", "size", "recv bufs");
+        out!("# {:>9} {:>9}", "size", "recv bufs");
         for s in &strategies {
-            print!(" {:>9}", s.name());
+            out!(" {:>9}", s.name());
         }
-        println!("  best");
+        outln!("  best");
     }
     for &size in &a.sizes {
         let iters = measure::peers::bw_iters(size, a.window);
@@ -143,11 +143,11 @@ pub(crate) fn calibrate(a: &CalibrateArgs, json: bool) -> Result<()> {
                         .print();
                 }
             } else {
-                print!("{size:>11} {bufs:>9}");
+                out!("{size:>11} {bufs:>9}");
                 for m in &mb {
-                    print!(" {m:>9.0}");
+                    out!(" {m:>9.0}");
                 }
-                println!("  {}", strategies[at].name());
+                outln!("  {}", strategies[at].name());
             }
         }
     }
@@ -174,13 +174,13 @@ pub(crate) fn calibrate(a: &CalibrateArgs, json: bool) -> Result<()> {
             .s("placement", placement(probe_ns))
             .print();
     } else {
-        print!("# each as a fraction of the best (geometric mean):");
+        out!("# each as a fraction of the best (geometric mean):");
         for (g, s) in &ranked {
-            print!(" {} {g:.2}", s.name());
+            out!(" {} {g:.2}", s.name());
         }
-        println!();
-        println!("# one order for every size: {}", order.join(","));
-        println!("NEMESIS_LMT_AUTO={bands}");
+        outln!();
+        outln!("# one order for every size: {}", order.join(","));
+        outln!("NEMESIS_LMT_AUTO={bands}");
     }
     if !a.stream_sizes.0.is_empty() {
         stream_limit(a, stream_secs, json);
@@ -202,13 +202,16 @@ fn stream_limit(
     sizes.sort_unstable();
     sizes.dedup();
     if !json {
-        println!(
+        outln!(
             "# medium messages streamed, MB/s, window {}: runs of packets against the rendezvous",
             a.window
         );
-        println!(
+        outln!(
             "# {:>9} {:>9} {:>9} {:>10}",
-            "size", "recv bufs", "packets", "rendezvous"
+            "size",
+            "recv bufs",
+            "packets",
+            "rendezvous"
         );
     }
     // Per size: the rendezvous's gain over the packets, geometric mean over the shapes.
@@ -229,7 +232,7 @@ fn stream_limit(
                     .f("rendezvous_mb_s", mb[1])
                     .print();
             } else {
-                println!("{size:>11} {bufs:>9} {:>9.0} {:>10.0}", mb[0], mb[1]);
+                outln!("{size:>11} {bufs:>9} {:>9.0} {:>10.0}", mb[0], mb[1]);
             }
         }
         gain.push((ln / 2.0).exp());
@@ -247,17 +250,17 @@ fn stream_limit(
             .u("recommended_stream_medium_limit", limit as u64)
             .print();
     } else {
-        print!("# the rendezvous over the packets (geometric mean):");
+        out!("# the rendezvous over the packets (geometric mean):");
         for (s, g) in sizes.iter().zip(&gain) {
-            print!(" {s} {g:.2}");
+            out!(" {s} {g:.2}");
         }
-        println!();
-        println!(
+        outln!();
+        outln!(
             "# with NEMESIS_STREAM_TUNE_LIMIT above it (512K by default; 0 where a rendezvous \
              would copy by the kernel), a stream's messages from this limit up to that one go \
              the way that moved more lately: the value sets where that choice begins"
         );
-        println!("NEMESIS_STREAM_MEDIUM_LIMIT={limit}");
+        outln!("NEMESIS_STREAM_MEDIUM_LIMIT={limit}");
     }
 }
 

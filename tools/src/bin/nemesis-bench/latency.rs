@@ -51,44 +51,52 @@ pub(crate) fn latency(pairs: &mut [Pair], a: &LatencyArgs, json: bool) -> Result
     }
     let net = pairs.iter().any(|p| p.transport() != Transport::Shm);
     if !json {
-        println!(
+        outln!(
             "# nemesis {} latency, one way (half the round trip), {}",
             a.layer.name(),
             pinning(&pairs[0])
         );
-        println!("# probe: one cache line written by both processes in turn (the placement probe)");
-        println!("# floor: one line per direction, each written by one side (what a fastbox costs at best)");
+        outln!("# probe: one cache line written by both processes in turn (the placement probe)");
+        outln!("# floor: one line per direction, each written by one side (what a fastbox costs at best)");
         if p2p {
-            println!(
+            outln!(
                 "# channel: the same ping-pong through the channel underneath, a message above its \
                  largest packet as packets of that size; /chan = p2p / channel"
             );
         }
         if net {
-            println!(
+            outln!(
                 "# tcp: a plain TCP ping-pong on loopback between the same two processes (at least \
                  1 byte), blocking in read; /tcp = p50 / tcp"
             );
-            println!("# spin: the same with both sides polling a non-blocking socket, as the netmods do");
+            outln!("# spin: the same with both sides polling a non-blocking socket, as the netmods do");
         }
         if a.recv_skew != 0 {
-            println!(
+            outln!(
                 "# receive buffers {} bytes past a page boundary, each side echoing from its own",
                 a.recv_skew
             );
         }
-        println!("# all measured by the same two processes, interleaved round by round");
-        print!(
+        outln!("# all measured by the same two processes, interleaved round by round");
+        out!(
             "# {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7}",
-            "size", "transport", "p50 ns", "p99 ns", "mean ns", "probe ns", "floor ns", "ratio", "/floor"
+            "size",
+            "transport",
+            "p50 ns",
+            "p99 ns",
+            "mean ns",
+            "probe ns",
+            "floor ns",
+            "ratio",
+            "/floor"
         );
         if p2p {
-            print!(" {:>9} {:>6}", "chan ns", "/chan");
+            out!(" {:>9} {:>6}", "chan ns", "/chan");
         }
         if net {
-            print!(" {:>9} {:>6} {:>9} {:>6}", "tcp ns", "/tcp", "spin ns", "/spin");
+            out!(" {:>9} {:>6} {:>9} {:>6}", "tcp ns", "/tcp", "spin ns", "/spin");
         }
-        println!("  placement");
+        outln!("  placement");
     }
     for &size in &a.sizes {
         let iters = measure::peers::lat_iters(size, a.iters);
@@ -171,7 +179,7 @@ pub(crate) fn latency(pairs: &mut [Pair], a: &LatencyArgs, json: bool) -> Result
                     .u("samples", c.count as u64)
                     .print();
             } else {
-                print!(
+                out!(
                     "{:>9} {:>9} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>7.2} {:>7.2}",
                     size,
                     transport,
@@ -186,22 +194,22 @@ pub(crate) fn latency(pairs: &mut [Pair], a: &LatencyArgs, json: bool) -> Result
                 // A missing channel figure (no samples) says so in its columns, so that
                 // the rest stay under their headings.
                 match ch {
-                    Some(ch) => print!(" {:>9.1} {:>6.2}", ch.p50, c.p50 / ch.p50),
-                    None if p2p => print!(" {:>9} {:>6}", "-", "-"),
+                    Some(ch) => out!(" {:>9.1} {:>6.2}", ch.p50, c.p50 / ch.p50),
+                    None if p2p => out!(" {:>9} {:>6}", "-", "-"),
                     None => {}
                 }
                 match (tc, sp) {
-                    (Some(tc), Some(sp)) => print!(
+                    (Some(tc), Some(sp)) => out!(
                         " {:>9.1} {:>6.2} {:>9.1} {:>6.2}",
                         tc.p50,
                         c.p50 / tc.p50,
                         sp.p50,
                         c.p50 / sp.p50
                     ),
-                    _ if net => print!(" {:>9} {:>6} {:>9} {:>6}", "-", "-", "-", "-"),
+                    _ if net => out!(" {:>9} {:>6} {:>9} {:>6}", "-", "-", "-", "-"),
                     _ => {}
                 }
-                println!("  {}", placement(p.p50));
+                outln!("  {}", placement(p.p50));
             }
         }
     }

@@ -6,6 +6,9 @@ use nemesis_tools::measure::{self, Layer, Pair, Transport};
 use std::fmt::Write as _;
 use std::io::IsTerminal;
 
+#[macro_use]
+mod out;
+
 mod calibrate;
 mod latency;
 mod memory;
@@ -267,7 +270,7 @@ impl Json {
         self
     }
     fn print(self) {
-        println!("{}}}", self.0);
+        outln!("{}}}", self.0);
     }
 }
 
@@ -307,7 +310,7 @@ fn ring(a: &RingArgs, json: bool) -> Result<()> {
     let mut probe_pair = Pair::start(pin)?;
     let clock = probe_pair.clock();
     if !json {
-        println!(
+        outln!(
             "# token round a ring of processes, {} hops a round, {} rounds, {cpus} usable cpus, {}",
             a.messages,
             a.rounds,
@@ -317,10 +320,15 @@ fn ring(a: &RingArgs, json: bool) -> Result<()> {
                 "not pinned"
             }
         );
-        println!("# probe: the cache-line ping-pong of a pair on the first two cpus, before each round");
-        println!(
+        outln!("# probe: the cache-line ping-pong of a pair on the first two cpus, before each round");
+        outln!(
             "# {:>5} {:>12} {:>12} {:>12} {:>9} {:>7}  placement",
-            "procs", "ns/hop p50", "ns/hop min", "ns/hop max", "probe ns", "ratio"
+            "procs",
+            "ns/hop p50",
+            "ns/hop min",
+            "ns/hop max",
+            "probe ns",
+            "ratio"
         );
     }
     for &n in &a.procs {
@@ -357,7 +365,7 @@ fn ring(a: &RingArgs, json: bool) -> Result<()> {
                 .s("placement", placement(probe_ns))
                 .print();
         } else {
-            println!(
+            outln!(
                 "{n:>7} {p50:>12.0} {min:>12.0} {max:>12.0} {probe_ns:>9.0} {:>7.2}  {}",
                 p50 / probe_ns,
                 placement(probe_ns)
@@ -371,16 +379,22 @@ fn ring(a: &RingArgs, json: bool) -> Result<()> {
 fn coll(a: &CollArgs, json: bool) -> Result<()> {
     let cpus = measure::allowed_cpus().len();
     if !json {
-        println!(
+        outln!(
             "# {} calls per round, median of {} rounds, {cpus} usable cpus",
-            a.iters, a.rounds
+            a.iters,
+            a.rounds
         );
-        println!(
+        outln!(
             "# node: through the node's shared blocks; messages: dissemination / recursive doubling, or flat where the processes outnumber the CPUs (NEMESIS_FLAT_COLLECTIVES: one exchange among 3 or 4, gathered at rank 0 among 5 to 8); fence: of a window in shared memory"
         );
-        println!(
+        outln!(
             "# {:>5} {:>10} {:>9} {:>10} {:>10} {:>10}",
-            "procs", "collective", "path", "median ns", "min ns", "max ns"
+            "procs",
+            "collective",
+            "path",
+            "median ns",
+            "min ns",
+            "max ns"
         );
     }
     for &n in &a.procs {
@@ -405,7 +419,7 @@ fn coll(a: &CollArgs, json: bool) -> Result<()> {
                     .f("max_ns", max)
                     .print();
             } else {
-                println!("{n:>7} {name:>10} {path:>9} {med:>10.0} {min:>10.0} {max:>10.0}");
+                outln!("{n:>7} {name:>10} {path:>9} {med:>10.0} {min:>10.0} {max:>10.0}");
             }
         }
     }
@@ -414,9 +428,13 @@ fn coll(a: &CollArgs, json: bool) -> Result<()> {
 
 fn requests(a: &RequestsArgs, json: bool) -> Result<()> {
     if !json {
-        println!(
+        outln!(
             "# {:>9} {:>8} {:>16} {:>18} {:>12}",
-            "api", "count", "post ns/request", "finish ns/request", "empty tests"
+            "api",
+            "count",
+            "post ns/request",
+            "finish ns/request",
+            "empty tests"
         );
     }
     for &count in &a.counts {
@@ -434,7 +452,7 @@ fn requests(a: &RequestsArgs, json: bool) -> Result<()> {
                     .u("empty_tests", r.empty_tests)
                     .print();
             } else {
-                println!(
+                outln!(
                     "{:>11} {count:>8} {:>16.1} {:>18.1} {:>12}",
                     api.name(),
                     r.post_ns,
@@ -495,7 +513,7 @@ fn run(cli: Cli) -> Result<()> {
             let mut pairs = pairs(&[Transport::Shm], true)?;
             latency(&mut pairs, &lat, cli.json)?;
             if !cli.json {
-                println!();
+                outln!();
             }
             bandwidth_p2p(&mut pairs, &bw, cli.json)?;
             finish(pairs)?;

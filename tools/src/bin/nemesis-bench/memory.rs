@@ -53,7 +53,7 @@ fn udp_peer_list(s: &str) -> Result<CountList, String> {
 pub(crate) fn memory(a: &MemoryArgs, json: bool) -> Result<()> {
     let geo = Geometry::from_env()?;
     if !json {
-        println!(
+        outln!(
             "# shared segment size: {} cells per process ({}), fastboxes of {} B in a ring per ordered pair, \
              a buffer per unordered pair for medium messages",
             geo.cells_per_proc,
@@ -64,9 +64,15 @@ pub(crate) fn memory(a: &MemoryArgs, json: bool) -> Result<()> {
             },
             geo.fbox_size
         );
-        println!(
+        outln!(
             "# {:>5} {:>14} {:>11} {:>16} {:>8} {:>12} {:>12}",
-            "procs", "segment", "MiB", "per process", "cell", "fbox slots", "pair buffer"
+            "procs",
+            "segment",
+            "MiB",
+            "per process",
+            "cell",
+            "fbox slots",
+            "pair buffer"
         );
     }
     for &n in &a.procs {
@@ -88,7 +94,7 @@ pub(crate) fn memory(a: &MemoryArgs, json: bool) -> Result<()> {
                 .u("pair_buffer_bytes", u64::from(resolved.pair_size))
                 .print();
         } else {
-            println!(
+            outln!(
                 "{n:>7} {bytes:>14} {:>11.1} {:>16} {:>8} {:>12} {:>12}",
                 bytes as f64 / 1048576.0,
                 bytes / n as u64,
@@ -119,20 +125,22 @@ fn ud_memory(a: &MemoryArgs, json: bool) -> Result<()> {
     }
     let addr = nemesis::net::addr::choose(|k: &str| std::env::var(k).ok(), false)?;
     if !json {
-        println!();
-        println!(
+        outln!();
+        outln!(
             "# verbs netmods on the device: one netmod exchanges {} rounds of 100- and",
             a.udp_rounds
         );
-        println!(
-            "# 20000-byte (rc: 8168-byte) messages with each peer, all in this process, then is dropped;"
-        );
-        println!(
+        outln!("# 20000-byte (rc: 8168-byte) messages with each peer, all in this process, then is dropped;");
+        outln!(
             "# per peer: what it gives back less an idle netmod's, Rust heap and the verbs library's C heap"
         );
-        println!(
+        outln!(
             "# {:>7} {:>5} {:>12} {:>14} {:>16}",
-            "netmod", "peers", "idle B", "per peer B", "per peer C B"
+            "netmod",
+            "peers",
+            "idle B",
+            "per peer B",
+            "per peer C B"
         );
     }
     let runs = a
@@ -154,9 +162,13 @@ fn ud_memory(a: &MemoryArgs, json: bool) -> Result<()> {
                 .f("per_peer_c_bytes", m.per_peer_c_bytes)
                 .print();
         } else {
-            println!(
+            outln!(
                 "{:>9} {:>5} {:>12} {:>14.1} {:>16.1}",
-                m.netmod, m.peers, m.idle_bytes, m.per_peer_bytes, m.per_peer_c_bytes
+                m.netmod,
+                m.peers,
+                m.idle_bytes,
+                m.per_peer_bytes,
+                m.per_peer_c_bytes
             );
         }
     }
@@ -170,19 +182,22 @@ fn udp_memory(a: &MemoryArgs, json: bool) -> Result<()> {
         return Ok(());
     }
     if !json {
-        println!();
-        println!(
+        outln!();
+        outln!(
             "# udp reliability layer, in the simulator: one endpoint exchanges {} rounds of {:?}-byte",
             a.udp_rounds,
             measure::UDP_MEMORY_SIZES
         );
-        println!("# messages with each peer, then everything is acknowledged and the endpoint is dropped;");
-        println!(
+        outln!("# messages with each peer, then everything is acknowledged and the endpoint is dropped;");
+        outln!(
             "# the heap it gives back is its size. idle: an endpoint of the same job that talked to no one"
         );
-        println!(
+        outln!(
             "# {:>5} {:>14} {:>12} {:>14}",
-            "peers", "endpoint B", "idle B", "per peer B"
+            "peers",
+            "endpoint B",
+            "idle B",
+            "per peer B"
         );
     }
     for &peers in &a.udp_peers.0 {
@@ -199,9 +214,12 @@ fn udp_memory(a: &MemoryArgs, json: bool) -> Result<()> {
                 .f("per_peer_bytes", m.per_peer_bytes)
                 .print();
         } else {
-            println!(
+            outln!(
                 "{:>7} {:>14} {:>12} {:>14.1}",
-                m.peers, m.endpoint_bytes, m.idle_bytes, m.per_peer_bytes
+                m.peers,
+                m.endpoint_bytes,
+                m.idle_bytes,
+                m.per_peer_bytes
             );
         }
     }

@@ -136,30 +136,30 @@ pub(crate) fn peers(a: &PeersArgs, json: bool) -> Result<()> {
     let near = probe.iter().filter(|&&x| placement(x) == "near").count();
     let cpu = measure::cpu_model();
     if !json {
-        println!(
+        outln!(
             "# two-sided nemesis over {} beside MPI peers on {cpu}, {pinned}, {} rounds interleaved",
             a.transport.name(),
             a.rounds
         );
-        println!(
+        outln!(
             "# placement probe {probe_ns:.0} ns one way (median; {near} of {} rounds near)",
             probe.len()
         );
-        println!(
+        outln!(
             "# latency: p50 one way, lower is better; bw (osu_bw, one receive buffer) and msgrate: higher is better"
         );
-        println!(
+        outln!(
             "# barrier, allreduce (8 B): ns per call through messages, size = processes on these cpus, lower is better;"
         );
-        println!("#   node: nemesis's through the node's shared blocks instead, for reference");
-        println!("# ratio: nemesis / peer, of the medians over all rounds;");
-        println!("#   near, far: the median of nemesis / peer over the rounds in which both figures were");
-        println!("#   taken at that placement (probed before and after each), and in how many (\"0.85 3\")");
-        print!("# {:>7} {:>9} {:>7} {:>12}", "test", "size", "unit", "nemesis");
+        outln!("#   node: nemesis's through the node's shared blocks instead, for reference");
+        outln!("# ratio: nemesis / peer, of the medians over all rounds;");
+        outln!("#   near, far: the median of nemesis / peer over the rounds in which both figures were");
+        outln!("#   taken at that placement (probed before and after each), and in how many (\"0.85 3\")");
+        out!("# {:>7} {:>9} {:>7} {:>12}", "test", "size", "unit", "nemesis");
         for n in &names {
-            print!(" {:>12} {:>7} {:>9} {:>9}", n, "ratio", "near", "far");
+            out!(" {:>12} {:>7} {:>9} {:>9}", n, "ratio", "near", "far");
         }
-        println!();
+        outln!();
     }
     for (test, sizes) in &plan.sizes {
         for &size in sizes {
@@ -201,25 +201,25 @@ pub(crate) fn peers(a: &PeersArgs, json: bool) -> Result<()> {
                     row.print();
                 }
             } else {
-                print!("{:>9} {:>9} {:>7} {:>12.1}", test.name(), size, test.unit(), ours);
+                out!("{:>9} {:>9} {:>7} {:>12.1}", test.name(), size, test.unit(), ours);
                 for n in &names {
                     match med.get(&(*test, size, n.to_string())) {
                         Some(&theirs) => {
-                            print!(" {theirs:>12.1} {:>7.2}", ours / theirs);
+                            out!(" {theirs:>12.1} {:>7.2}", ours / theirs);
                             for at in [p::Placement::Near, p::Placement::Far] {
                                 match p::matched_ratio(&rounds, *test, size, n, at) {
-                                    Some((r, k)) => print!(" {:>9}", format!("{r:.2} {k}")),
-                                    None => print!(" {:>9}", "-"),
+                                    Some((r, k)) => out!(" {:>9}", format!("{r:.2} {k}")),
+                                    None => out!(" {:>9}", "-"),
                                 }
                             }
                         }
-                        None => print!(" {:>12} {:>7} {:>9} {:>9}", "-", "-", "-", "-"),
+                        None => out!(" {:>12} {:>7} {:>9} {:>9}", "-", "-", "-", "-"),
                     }
                 }
                 if let Some(v) = node {
-                    print!("  node {v:.1}");
+                    out!("  node {v:.1}");
                 }
-                println!();
+                outln!();
             }
         }
     }

@@ -214,20 +214,26 @@ pub(crate) fn rma(a: &RmaArgs, json: bool) -> Result<()> {
     progress_done();
     let cpu = measure::cpu_model();
     if !json {
-        println!(
+        outln!(
             "# nemesis one-sided operations on {cpu}, {}, {} rounds interleaved, medians of per-round p50",
             pinning(&pairs[0]),
             a.rounds
         );
-        println!(
-            "# origin rank 0, target rank 1 (waiting in a barrier); ns per operation with its completion"
-        );
-        println!(
+        outln!("# origin rank 0, target rank 1 (waiting in a barrier); ns per operation with its completion");
+        outln!(
             "# probe: one cache line written by both in turn, one way; p2p rtt: two-sided 8-byte send+recv round trip"
         );
-        println!(
+        outln!(
             "# {:>6} {:>5} {:>8} {:>9} {:>9} {:>9} {:>7} {:>9} {:>7}  placement",
-            "op", "sync", "size", "transport", "ns", "probe ns", "/probe", "p2p rtt", "/rtt"
+            "op",
+            "sync",
+            "size",
+            "transport",
+            "ns",
+            "probe ns",
+            "/probe",
+            "p2p rtt",
+            "/rtt"
         );
     }
     for (k, pair) in pairs.iter().enumerate() {
@@ -264,7 +270,7 @@ pub(crate) fn rma(a: &RmaArgs, json: bool) -> Result<()> {
                         .s("cpu", &cpu)
                         .print();
                 } else {
-                    println!(
+                    outln!(
                         "# overlap {} over {transport}: whole then crunched {:.0} us, in {} KiB parts as they arrive {:.0} us; \
                          crunching alone {:.0} us, the get alone {:.0} us: {:.0} % of the shorter hidden",
                         test.size,
@@ -295,7 +301,7 @@ pub(crate) fn rma(a: &RmaArgs, json: bool) -> Result<()> {
                         .s("cpu", &cpu)
                         .print();
                 } else {
-                    println!(
+                    outln!(
                         "{:>8} {:>5} {:>8} {:>9} {:>9.0} MB/s beside two-sided {:.0} MB/s: {:.2}  {}",
                         test.op.name(),
                         "-",
@@ -338,7 +344,7 @@ pub(crate) fn rma(a: &RmaArgs, json: bool) -> Result<()> {
                     .s("cpu", &cpu)
                     .print();
             } else {
-                println!(
+                outln!(
                     "{:>8} {:>5} {:>8} {:>9} {:>9.1} {:>9.1} {:>7.2} {:>9.1} {:>7.2}  {}",
                     name,
                     sync,

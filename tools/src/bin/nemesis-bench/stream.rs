@@ -210,15 +210,15 @@ pub(crate) fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Resul
     }
     let net = pairs.iter().any(|p| p.transport() != Transport::Shm);
     if !json {
-        println!(
+        outln!(
             "# nemesis two-sided bandwidth in MB/s (10^6 bytes/s), window of {} non-blocking sends, {}",
             a.window,
             pinning(&pairs[0])
         );
         if a.osu {
-            println!("# receiver: one buffer, the window's receives all posted into it (osu_bw's shape)");
+            outln!("# receiver: one buffer, the window's receives all posted into it (osu_bw's shape)");
         } else {
-            println!("# receiver: the window pre-posted into distinct buffers (--osu: one buffer)");
+            outln!("# receiver: the window pre-posted into distinct buffers (--osu: one buffer)");
         }
         if a.recv_skew != 0 {
             let slow = if nemesis::lmt::cma::skew_slows_kernel_copies() {
@@ -226,32 +226,40 @@ pub(crate) fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Resul
             } else {
                 "not slow"
             };
-            println!(
+            outln!(
                 "# receive buffers {} bytes past a page boundary, send buffers on one; this CPU's kernel copies are {slow} so",
                 a.recv_skew
             );
         }
-        println!(
+        outln!(
             "# used: what the sender's messages went by: eager, medium (runs of packets or the pair buffer), the rendezvous strategy, or medium+ it for some of each"
         );
-        println!("# memcpy: one thread copying the same size between two reused buffers, same run");
-        println!("# probe: the cache-line ping-pong of the same pair (near: the CPUs share a cache)");
+        outln!("# memcpy: one thread copying the same size between two reused buffers, same run");
+        outln!("# probe: the cache-line ping-pong of the same pair (near: the CPUs share a cache)");
         if net {
-            println!(
+            outln!(
                 "# tcp: the same windows over a plain blocking TCP socket on loopback, same pair; /tcp = MB/s / tcp"
             );
-            println!(
+            outln!(
                 "# the network transports move large messages in chunks, or by RDMA read where the netmod has it (rc, ud); of --lmt they take auto, chunks and rdma"
             );
         }
-        print!(
+        out!(
             "# {:>7} {:>9} {:>9} {:>16} {:>7} {:>10} {:>12} {:>6} {:>9}",
-            "size", "transport", "lmt", "used", "buffers", "MB/s", "memcpy MB/s", "ratio", "probe ns"
+            "size",
+            "transport",
+            "lmt",
+            "used",
+            "buffers",
+            "MB/s",
+            "memcpy MB/s",
+            "ratio",
+            "probe ns"
         );
         if net {
-            print!(" {:>10} {:>6}", "tcp MB/s", "/tcp");
+            out!(" {:>10} {:>6}", "tcp MB/s", "/tcp");
         }
-        println!("  placement");
+        outln!("  placement");
     }
     // Per pair: the strategies it compares (between nodes: chunks, or RDMA read), each
     // with every kind of buffer.
@@ -363,17 +371,17 @@ pub(crate) fn bandwidth_p2p(pairs: &mut [Pair], a: &BwArgs, json: bool) -> Resul
                     }
                     row.print();
                 } else {
-                    print!(
+                    out!(
                         "{size:>9} {transport:>9} {name:>9} {used:>16} {:>7} {mb:>10.0} {memcpy:>12.0} {:>6.2} {probe_ns:>9.0}",
                         bufs.name(),
                         Ratio(mb / memcpy)
                     );
                     match tcp {
-                        Some(tcp) => print!(" {tcp:>10.0} {:>6.2}", mb / tcp),
-                        None if net => print!(" {:>10} {:>6}", "-", "-"),
+                        Some(tcp) => out!(" {tcp:>10.0} {:>6.2}", mb / tcp),
+                        None if net => out!(" {:>10} {:>6}", "-", "-"),
                         None => {}
                     }
-                    println!("  {}", placement(probe_ns));
+                    outln!("  {}", placement(probe_ns));
                 }
             }
         }
@@ -443,12 +451,12 @@ fn stream_median(
 
 pub(crate) fn bandwidth(pair: &mut Pair, a: &StreamArgs, json: bool) -> Result<()> {
     if !json {
-        println!(
+        outln!(
             "# nemesis channel bandwidth (window of {} messages), {}",
             a.window,
             pinning(pair)
         );
-        println!("# {:>7} {:>10}", "size", "MB/s");
+        outln!("# {:>7} {:>10}", "size", "MB/s");
     }
     for &size in &a.sizes {
         // Large sizes get fewer windows, so a round moves about 256 MiB.
@@ -462,7 +470,7 @@ pub(crate) fn bandwidth(pair: &mut Pair, a: &StreamArgs, json: bool) -> Result<(
                 .u("window", a.window)
                 .print();
         } else {
-            println!("{size:>9} {mb:>10.0}");
+            outln!("{size:>9} {mb:>10.0}");
         }
     }
     Ok(())
@@ -485,21 +493,25 @@ pub(crate) fn msgrate(pair: &mut Pair, a: &RateArgs, json: bool) -> Result<()> {
     let r = &a.rest;
     let p2p = a.layer == LayerArg::P2p;
     if !json {
-        println!(
+        outln!(
             "# nemesis {} message rate in messages/s, window of {} messages, {}",
             a.layer.name(),
             r.window,
             pinning(pair)
         );
         if p2p {
-            println!("# two-sided: isend x window, the receiver's irecvs pre-posted, waitall on both sides");
-            println!("# channel: raw packets of the same size through the channel underneath, interleaved");
-            println!(
+            outln!("# two-sided: isend x window, the receiver's irecvs pre-posted, waitall on both sides");
+            outln!("# channel: raw packets of the same size through the channel underneath, interleaved");
+            outln!(
                 "# {:>7} {:>14} {:>14} {:>7} {:>9}  placement",
-                "size", "p2p msgs/s", "channel msgs/s", "/chan", "probe ns"
+                "size",
+                "p2p msgs/s",
+                "channel msgs/s",
+                "/chan",
+                "probe ns"
             );
         } else {
-            println!("# {:>7} {:>14} {:>9}  placement", "size", "msgs/s", "probe ns");
+            outln!("# {:>7} {:>14} {:>9}  placement", "size", "msgs/s", "probe ns");
         }
     }
     let clock = pair.clock();
@@ -543,13 +555,13 @@ pub(crate) fn msgrate(pair: &mut Pair, a: &RateArgs, json: bool) -> Result<()> {
                 }
                 row.print();
             } else {
-                println!(
+                outln!(
                     "{size:>9} {rate:>14.0} {chan:>14.0} {:>7.2} {probe_ns:>9.0}  {}",
                     rate / chan,
                     placement(probe_ns)
                 );
                 if let Some(p) = phases {
-                    println!(
+                    outln!(
                         "#   per window, ns: sender isends {:.0}, waitall {:.0}, ack wait {:.0}; \
                          receiver irecvs {:.0}, waitall {:.0}, ack {:.0}",
                         p.send_isends_ns,
@@ -569,7 +581,7 @@ pub(crate) fn msgrate(pair: &mut Pair, a: &RateArgs, json: bool) -> Result<()> {
                 .u("window", r.window)
                 .print();
         } else {
-            println!("{size:>9} {chan:>14.0} {probe_ns:>9.0}  {}", placement(probe_ns));
+            outln!("{size:>9} {chan:>14.0} {probe_ns:>9.0}  {}", placement(probe_ns));
         }
     }
     Ok(())
