@@ -24,14 +24,14 @@ fn failed(e: io::Error) -> ! {
     std::process::exit(1)
 }
 
-/// `print!` through [`write`].
+/// `print!` through [`write()`].
 macro_rules! out {
     ($($t:tt)*) => {
         $crate::out::write(format_args!($($t)*))
     };
 }
 
-/// `println!` through [`write`].
+/// `println!` through [`write()`].
 macro_rules! outln {
     () => {
         $crate::out::write(format_args!("\n"))
