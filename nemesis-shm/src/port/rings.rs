@@ -87,13 +87,13 @@ impl<R: Region> Rings<R> {
         self.streaming_long
     }
 
-    /// A message longer than one box is on its way to the peer, whether or not it finds
-    /// room: a caller that finds none is behind its peer all the same.
+    /// A message longer than one box is on its way to the peer.
     pub(super) fn sending_long(&mut self) {
         self.streaming_long = true;
     }
 
-    /// We took a message from the peer by cell: an exchange rather than a stream.
+    /// We took a message from the peer, by box or cell: an exchange rather than a stream.
+    #[inline(always)]
     pub(super) fn took_one(&mut self) {
         self.streaming = false;
         self.streaming_long = false;
@@ -425,8 +425,7 @@ unsafe fn deliver<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
     };
     *recv_seq += 1;
     r.taken = taken + span;
-    r.streaming = false;
-    r.streaming_long = false;
+    r.took_one();
     // SAFETY: keys of this region.
     let next = unsafe { region.box_key(r.inn, taken + span) };
     r.in_next = next;
