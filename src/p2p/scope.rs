@@ -457,12 +457,30 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
     ) -> Result<Done<'scope>, Box<P2pError>> {
         debug_assert!(r.live.get() || r.id == 0, "a request finished twice");
         r.live.set(false);
-        let status = result?;
+        Ok(Self::done_with(r, result?))
+    }
+
+    /// The [`Done`] of a request that finished as it started (id 0): nothing to take
+    /// from the engine, nothing to release.
+    #[inline(always)]
+    fn done_at_once(r: &Request<'scope>) -> Done<'scope> {
+        debug_assert_eq!(r.id, 0);
+        let status = Status {
+            source: r.peer,
+            tag: r.tag,
+            len: r.len,
+        };
+        Self::done_with(r, status)
+    }
+
+    /// The [`Done`] of finished request `r` with `status`: its buffer lent back.
+    #[inline(always)]
+    fn done_with(r: &Request<'scope>, status: Status) -> Done<'scope> {
         let (recv, send) = match r.kind {
             // A list of slices (`isend_iov`, `irecv_iov`): the caller keeps them.
             _ if r.ptr.is_null() => (None, None),
-            // SAFETY: the engine is done with the buffer (the request is finished and
-            // forgotten), and the slice rebuilds the `&'scope mut` borrow that `irecv`
+            // SAFETY: the engine is done with the buffer (the request is finished, and
+            // forgotten if it ever had an id), and the slice rebuilds the `&'scope mut` borrow that `irecv`
             // took, from the same pointer.
             Kind::Recv => (
                 Some(unsafe { std::slice::from_raw_parts_mut(r.ptr, r.len) }),
@@ -474,7 +492,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
                 Some(unsafe { std::slice::from_raw_parts(r.ptr.cast_const(), r.len) }),
             ),
         };
-        Ok(Done { status, recv, send })
+        Done { status, recv, send }
     }
 
     /// Waits until the request finishes; returns its status and buffer.
@@ -500,8 +518,20 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
     /// finishing (or releasing) all of them.
     pub fn waitall(&self, rs: Vec<Request<'scope>>) -> Result<Vec<Done<'scope>>, P2pError> {
         let mut w = self.world();
+        let mut at_once = true;
         for r in &rs {
             Self::check_world(&w, r)?;
+            at_once &= r.id == 0;
+        }
+        if at_once {
+            // Every one finished as it started (a stream's eager sends): each result is
+            // the request's own fields, and there is nothing to poll for.
+            let done = rs.iter().map(Self::done_at_once).collect();
+            let mut rs = rs;
+            // SAFETY: shortening only forgets the requests; each finished as it started,
+            // so none is live and none holds anything its drop would let go.
+            unsafe { rs.set_len(0) };
+            return Ok(done);
         }
         let mut done = Vec::with_capacity(rs.len());
         let mut first_err = None;
@@ -524,6 +554,9 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
             },
             |i| rs[i].id,
         )?;
+        let mut rs = rs;
+        // SAFETY: as above: every request was finished by the wait and is spent.
+        unsafe { rs.set_len(0) };
         first_err.map_or(Ok(done), |e| Err(*e))
     }
 

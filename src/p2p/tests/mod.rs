@@ -222,6 +222,64 @@ fn nonblocking_operations_complete_with_test_wait_waitall_waitany() {
 }
 
 #[test]
+fn waitall_of_sends_finished_as_they_started_and_of_a_mixed_list_gives_every_status_in_order() {
+    job(2, |mut w| {
+        let c = w.comm();
+        let lens = [0usize, 1, 8, 64, 200, 8];
+        if w.rank() == 0 {
+            let outs: Vec<Vec<u8>> = lens
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| pattern(i as u32, n))
+                .collect();
+            let big = pattern(99, 300_000);
+            w.scope(|s| {
+                // Eager sends all: each finished as it started.
+                let rs: Vec<_> = outs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| s.isend(&c, 1, i as i32, b).unwrap())
+                    .collect();
+                let done = s.waitall(rs).unwrap();
+                assert_eq!(done.len(), lens.len());
+                for (i, d) in done.iter().enumerate() {
+                    assert_eq!(
+                        d.status(),
+                        Status {
+                            source: 1,
+                            tag: i as i32,
+                            len: lens[i]
+                        }
+                    );
+                    assert!(d.data() == outs[i], "send {i} lends back its own bytes");
+                }
+                // Eager first, then one that waits for its receiver (rendezvous): every
+                // result still comes back, in the list's order.
+                let rs = vec![
+                    s.isend(&c, 1, 10, &outs[2]).unwrap(),
+                    s.isend(&c, 1, 11, &big).unwrap(),
+                    s.isend(&c, 1, 12, &outs[3]).unwrap(),
+                ];
+                let done = s.waitall(rs).unwrap();
+                let got: Vec<_> = done.iter().map(|d| (d.status().tag, d.status().len)).collect();
+                assert_eq!(got, vec![(10, 8), (11, 300_000), (12, 64)]);
+            });
+        } else {
+            let mut b = vec![0u8; 300_000];
+            for (i, &n) in lens.iter().enumerate() {
+                let st = w.recv(&c, 0, i as i32, &mut b).unwrap();
+                assert_eq!(st.len, n);
+                assert!(b[..n] == pattern(i as u32, n)[..]);
+            }
+            for (tag, n) in [(10, 8), (11, 300_000), (12, 64)] {
+                assert_eq!(w.recv(&c, 0, tag, &mut b).unwrap().len, n);
+            }
+            assert!(b[..8] == pattern(3, 64)[..8]);
+        }
+    });
+}
+
+#[test]
 fn a_dropped_receive_is_cancelled_and_the_message_goes_to_the_next() {
     job(2, |mut w| {
         let c = w.comm();
