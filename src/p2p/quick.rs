@@ -270,25 +270,29 @@ impl QuickRecvs {
     /// is finished without one).
     #[inline(always)]
     pub(crate) fn look(&mut self, id: u32) -> Look {
-        let Some(i) = self.slot(id) else {
-            return Look::Finished(Err(Box::new(no_result(id))));
-        };
+        let i = (id & MASK) as usize;
         let e = &mut self.entries[i];
-        let result = match e.state {
-            State::Posted => return Look::Pending,
-            State::Promoted(t) => return Look::Table(t),
-            State::Done { from, tag, len } if len <= e.buf.len => {
-                // Done owns nothing: replaced, not dropped.
-                std::mem::forget(std::mem::replace(&mut e.state, State::Free));
-                Ok(Status {
-                    source: from,
-                    tag,
-                    len,
-                })
-            }
-            _ => Err(Box::new(self.take_error(i))),
-        };
-        Look::Finished(result)
+        if e.id != id {
+            return Look::Finished(Err(Box::new(no_result(id))));
+        }
+        // A stream's answer first, with one test rather than a jump through the states.
+        if let State::Done { from, tag, len } = e.state
+            && len <= e.buf.len
+        {
+            // Done owns nothing: replaced, not dropped.
+            std::mem::forget(std::mem::replace(&mut e.state, State::Free));
+            return Look::Finished(Ok(Status {
+                source: from,
+                tag,
+                len,
+            }));
+        }
+        match e.state {
+            State::Posted => Look::Pending,
+            State::Promoted(t) => Look::Table(t),
+            // Truncated, failed, or free (taken already): the error says which.
+            _ => Look::Finished(Err(Box::new(self.take_error(i)))),
+        }
     }
 
     /// The error of a failed or truncated entry.
