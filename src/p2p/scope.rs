@@ -263,14 +263,20 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         let mut w = self.world();
         let c = w.check_comm(comm)?;
         World::<C>::check_tag(tag)?;
-        let id = w.start_send(c, dest, tag, c.ctx, buf, self.holder())?;
-        Ok(self.request(
-            id.unwrap_or(0),
-            Kind::Send,
-            (dest, tag),
-            buf.as_ptr().cast_mut(),
-            buf.len(),
-        ))
+        // Each way answers on its own, so that the eager one's (a stream's every send)
+        // does not go through the other's result in memory.
+        let id = match w.eager_dest(c, dest, buf.len()) {
+            Some(d) => {
+                w.send_eager_now(d, c.ctx, tag, buf)?;
+                0
+            }
+            None => {
+                let seg = Bufs::One(Seg::of(buf));
+                w.start_send_bufs(c, dest, tag, c.ctx, seg, buf.len(), self.holder())?
+                    .unwrap_or(0)
+            }
+        };
+        Ok(self.request(id, Kind::Send, (dest, tag), buf.as_ptr().cast_mut(), buf.len()))
     }
 
     /// Starts receiving a message from `src` with `tag` into `buf`.

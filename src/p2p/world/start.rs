@@ -262,14 +262,27 @@ impl<C: Channel> World<C> {
         buf: &[u8],
         holder: Holder,
     ) -> Result<Option<u32>, P2pError> {
-        if let Some(&d) = comm.ranks.get(dest as usize)
-            && buf.len() <= self.eager_to.get(d as usize).copied().unwrap_or(0)
-        {
-            let h = wire::eager(ctx, tag);
-            self.core.ch.send_bytes(d, h, buf)?;
+        if let Some(d) = self.eager_dest(comm, dest, buf.len()) {
+            self.send_eager_now(d, ctx, tag, buf)?;
             return Ok(None);
         }
         self.start_send_bufs(comm, dest, tag, ctx, Bufs::One(Seg::of(buf)), buf.len(), holder)
+    }
+
+    /// The world rank of `dest` of `comm` if a message of `len` bytes goes to it
+    /// eagerly, whole, at once; `None` sends it through [`World::start_send_bufs`].
+    #[inline(always)]
+    pub(crate) fn eager_dest(&self, comm: &CommInner, dest: u32, len: usize) -> Option<u32> {
+        let &d = comm.ranks.get(dest as usize)?;
+        (len <= self.eager_to.get(d as usize).copied().unwrap_or(0)).then_some(d)
+    }
+
+    /// Sends `buf` eagerly to world rank `d` (which [`World::eager_dest`] named): done
+    /// when it returns.
+    #[inline(always)]
+    pub(crate) fn send_eager_now(&mut self, d: u32, ctx: u32, tag: i32, buf: &[u8]) -> Result<(), P2pError> {
+        self.core.ch.send_bytes(d, wire::eager(ctx, tag), buf)?;
+        Ok(())
     }
 
     /// Starts a receive into `bufs` (lent to the engine until the request completes or is
