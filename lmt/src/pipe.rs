@@ -17,6 +17,11 @@ use std::path::{Path, PathBuf};
 /// Pipe capacity asked for; the kernel caps it at `fs.pipe-max-size`.
 const PIPE_BYTES: i32 = 1 << 20;
 
+/// Bytes one step moves at most, as [`crate::policy::CMA_STEP`] for CMA: while the other
+/// side keeps up, the pipe never fills or empties, and a step would run on until the
+/// whole message had moved, holding up the progress call (a `test`) that made it.
+const STEP_BYTES: usize = crate::policy::CMA_STEP;
+
 fn io_err(peer: u32, e: io::Error) -> LmtError {
     LmtError::Io {
         peer,
@@ -86,8 +91,9 @@ impl PipeIn {
     /// # Safety
     /// `dst` must be valid for writing for its whole length and not otherwise in use.
     pub(crate) unsafe fn step(&mut self, x: &mut Xfer, dst: &[Seg]) -> Result<(), LmtError> {
-        while x.done < x.total {
-            let left = x.total - x.done;
+        let stop = x.total.min(x.done + STEP_BYTES);
+        while x.done < stop {
+            let left = stop - x.done;
             let (v, n) = iov::local(dst, x.at, left);
             let got = if n > 0 {
                 // SAFETY: the pieces are inside `dst` (the caller's contract).
@@ -187,8 +193,9 @@ impl PipeOut {
     /// `src` must be valid for reading for its whole length, and stay unchanged until
     /// the receiver has read it.
     pub(crate) unsafe fn step(&mut self, x: &mut Xfer, src: &[Seg]) -> Result<(), LmtError> {
-        while x.done < x.total {
-            let (v, n) = iov::local(src, x.at, x.total - x.done);
+        let stop = x.total.min(x.done + STEP_BYTES);
+        while x.done < stop {
+            let (v, n) = iov::local(src, x.at, stop - x.done);
             if n == 0 {
                 return Err(LmtError::BadCookie {
                     peer: x.peer,
@@ -215,5 +222,60 @@ impl PipeOut {
             x.done += put as usize;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Role;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// A sender whose receiver keeps draining the pipe still returns from one step
+    /// after at most [`STEP_BYTES`]; the receiver's steps are bounded alike, and the
+    /// message arrives whole over the steps.
+    #[test]
+    fn one_step_moves_a_bounded_part_while_the_other_side_keeps_up() {
+        let dir = std::env::temp_dir().join(format!("nemesis-pipe-step-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let len = 8 * STEP_BYTES + 3;
+        let msg: Vec<u8> = (0..len).map(|j| (j % 251) as u8).collect();
+        let mut rx = PipeIn::create(&dir, "nemesis-test-pipe-step", 0).unwrap();
+        let mut tx = PipeOut::open(&dir, &rx.name(), 1).unwrap();
+        let sending = AtomicBool::new(true);
+        let got = std::thread::scope(|sc| {
+            let reader = sc.spawn(|| {
+                let mut buf = vec![0u8; len];
+                let mut x = Xfer::new(0, Strategy::Vmsplice, Role::Recv, len);
+                let mut most = 0;
+                while x.done < len {
+                    let before = x.done;
+                    // SAFETY: `buf` is ours and as long as the message.
+                    unsafe { rx.step(&mut x, &[Seg::of_mut(&mut buf)]).unwrap() };
+                    most = most.max(x.done - before);
+                    if !sending.load(Ordering::Relaxed) && x.done == before {
+                        std::thread::yield_now();
+                    }
+                }
+                (buf, most)
+            });
+            let mut x = Xfer::new(1, Strategy::Vmsplice, Role::Send, len);
+            let mut most = 0;
+            while x.done < len {
+                let before = x.done;
+                // SAFETY: `msg` outlives the transfer and is not changed.
+                unsafe { tx.step(&mut x, &[Seg::of(&msg)]).unwrap() };
+                most = most.max(x.done - before);
+            }
+            sending.store(false, Ordering::Relaxed);
+            let (buf, rmost) = reader.join().unwrap();
+            assert!(most <= STEP_BYTES, "a send step moved {most} bytes");
+            assert!(rmost <= STEP_BYTES, "a receive step moved {rmost} bytes");
+            buf
+        });
+        assert!(got == msg);
+        drop((tx, rx));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
