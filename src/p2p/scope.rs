@@ -486,8 +486,8 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
             // A list of slices (`isend_iov`, `irecv_iov`): the caller keeps them.
             _ if r.ptr.is_null() => (None, None),
             // SAFETY: the engine is done with the buffer (the request is finished, and
-            // forgotten if it ever had an id), and the slice rebuilds the `&'scope mut` borrow that `irecv`
-            // took, from the same pointer.
+            // forgotten if it ever had an id), and the slice rebuilds the `&'scope mut`
+            // borrow that `irecv` took, from the same pointer.
             Kind::Recv => (
                 Some(unsafe { std::slice::from_raw_parts_mut(r.ptr, r.len) }),
                 None,
