@@ -267,7 +267,7 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         // does not go through the other's result in memory.
         let id = match w.eager_dest(c, dest, buf.len()) {
             Some(d) => {
-                w.send_eager_now(d, c.ctx, tag, buf)?;
+                w.send_eager(d, c.ctx, tag, &Bufs::One(Seg::of(buf)), buf.len())?;
                 0
             }
             None => {

@@ -170,7 +170,14 @@ impl<C: Channel> World<C> {
 
     /// Sends `len` bytes of `bufs` to `d` in one packet.
     #[inline(always)]
-    fn send_eager(&mut self, d: u32, ctx: u32, tag: i32, bufs: &Bufs, len: usize) -> Result<(), P2pError> {
+    pub(crate) fn send_eager(
+        &mut self,
+        d: u32,
+        ctx: u32,
+        tag: i32,
+        bufs: &Bufs,
+        len: usize,
+    ) -> Result<(), P2pError> {
         let h = wire::eager(ctx, tag);
         match bufs {
             Bufs::One(s) if !s.ptr.is_null() => {
@@ -263,7 +270,7 @@ impl<C: Channel> World<C> {
         holder: Holder,
     ) -> Result<Option<u32>, P2pError> {
         if let Some(d) = self.eager_dest(comm, dest, buf.len()) {
-            self.send_eager_now(d, ctx, tag, buf)?;
+            self.send_eager(d, ctx, tag, &Bufs::One(Seg::of(buf)), buf.len())?;
             return Ok(None);
         }
         self.start_send_bufs(comm, dest, tag, ctx, Bufs::One(Seg::of(buf)), buf.len(), holder)
@@ -275,14 +282,6 @@ impl<C: Channel> World<C> {
     pub(crate) fn eager_dest(&self, comm: &CommInner, dest: u32, len: usize) -> Option<u32> {
         let &d = comm.ranks.get(dest as usize)?;
         (len <= self.eager_to.get(d as usize).copied().unwrap_or(0)).then_some(d)
-    }
-
-    /// Sends `buf` eagerly to world rank `d` (which [`World::eager_dest`] named): done
-    /// when it returns.
-    #[inline(always)]
-    pub(crate) fn send_eager_now(&mut self, d: u32, ctx: u32, tag: i32, buf: &[u8]) -> Result<(), P2pError> {
-        self.core.ch.send_bytes(d, wire::eager(ctx, tag), buf)?;
-        Ok(())
     }
 
     /// Starts a receive into `bufs` (lent to the engine until the request completes or is
