@@ -17,23 +17,41 @@
 #[cfg_attr(nemesis_no_prefetchw, allow(dead_code))]
 pub(crate) const MAX_LINES: usize = 128;
 
+/// Whether the CPU has the prefetch-for-write instruction, asked once and kept where
+/// the hot path reads it (the segment's hot fields): [`for_write`] then costs one test of
+/// a byte at hand rather than a load of a global and two comparisons. Only
+/// [`Prefetchw::detect`] makes one that says yes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Prefetchw(bool);
+
+impl Prefetchw {
+    /// What this CPU has.
+    pub(crate) fn detect() -> Self {
+        #[cfg(all(target_arch = "x86_64", not(nemesis_no_prefetchw)))]
+        return Self(has_prefetchw());
+        #[cfg(any(not(target_arch = "x86_64"), nemesis_no_prefetchw))]
+        Self(false)
+    }
+}
+
 /// Asks for the `lines` cache lines from `p` on (at most [`MAX_LINES`]) for writing, where
-/// the CPU can; otherwise does nothing. Never faults, whatever the address.
+/// `can` says the CPU can; otherwise does nothing. Never faults, whatever the address.
 #[inline(always)]
-pub(crate) fn for_write(p: *const u8, lines: usize) {
+pub(crate) fn for_write(can: Prefetchw, p: *const u8, lines: usize) {
     #[cfg(all(target_arch = "x86_64", not(nemesis_no_prefetchw)))]
-    if has_prefetchw() {
+    if can.0 {
         for i in 0..lines.min(MAX_LINES) {
             let at = p.wrapping_add(i * 64);
             // SAFETY: PREFETCHW reads and writes nothing the program can see and does
-            // not fault, whatever the address; the CPU has it (checked above).
+            // not fault, whatever the address; the CPU has it (`can` came from
+            // `Prefetchw::detect`, the only maker of a yes).
             unsafe {
                 core::arch::asm!("prefetchw [{0}]", in(reg) at, options(nostack, readonly, preserves_flags))
             };
         }
     }
     #[cfg(any(not(target_arch = "x86_64"), nemesis_no_prefetchw))]
-    let _ = (p, lines);
+    let _ = (can, p, lines);
 }
 
 /// Asks for the cache line at `p` for reading, where the CPU can; otherwise does
@@ -52,7 +70,6 @@ pub(crate) fn for_read(p: *const u8) {
 
 /// Whether the CPU has PREFETCHW (CPUID 8000_0001h, ECX bit 8), asked once.
 #[cfg(all(target_arch = "x86_64", not(nemesis_no_prefetchw)))]
-#[inline(always)]
 fn has_prefetchw() -> bool {
     use std::sync::atomic::{AtomicU8, Ordering};
     // 0: not asked yet; 1: yes; 2: no.
@@ -95,10 +112,11 @@ mod tests {
     #[test]
     fn prefetching_changes_nothing_and_never_faults() {
         let mut buf = vec![7u8; 4096];
-        for_write(buf.as_ptr(), 64);
+        let can = Prefetchw::detect();
+        for_write(can, buf.as_ptr(), 64);
         // Addresses outside any mapping: a prefetch must not fault.
-        for_write(std::ptr::null(), 4);
-        for_write(usize::MAX as *const u8, 2);
+        for_write(can, std::ptr::null(), 4);
+        for_write(can, usize::MAX as *const u8, 2);
         for_read(buf.as_ptr().wrapping_add(64));
         for_read(std::ptr::null());
         for_read(usize::MAX as *const u8);

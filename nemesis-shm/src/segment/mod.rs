@@ -264,6 +264,7 @@ struct Hot {
     ncells: usize,
     cell_capacity: usize,
     fbox_capacity: usize,
+    prefetchw: crate::prefetch::Prefetchw,
 }
 
 #[cold]
@@ -501,6 +502,7 @@ impl Segment {
                 ncells: layout.total_cells,
                 cell_capacity: layout.geo.cell_capacity(),
                 fbox_capacity: layout.geo.fbox_capacity(),
+                prefetchw: crate::prefetch::Prefetchw::detect(),
             }
         };
         Self {
@@ -771,6 +773,7 @@ impl Links for Segment {
 pub struct SegFbox<'a> {
     head: *mut FboxHead,
     cap: usize,
+    prefetchw: crate::prefetch::Prefetchw,
     _seg: PhantomData<&'a Segment>,
 }
 
@@ -795,7 +798,11 @@ impl<'a> FboxAccess<'a> for SegFbox<'a> {
     fn prepare(self, len: usize, skip_first: bool) {
         let lines = (FBOX_HEADER as usize + len.min(self.cap)).div_ceil(64);
         let skip = usize::from(skip_first);
-        crate::prefetch::for_write(self.head.cast::<u8>().wrapping_add(skip * 64), lines - skip);
+        crate::prefetch::for_write(
+            self.prefetchw,
+            self.head.cast::<u8>().wrapping_add(skip * 64),
+            lines - skip,
+        );
     }
     #[inline(always)]
     fn fetch(self) {
@@ -980,6 +987,7 @@ impl Region for Segment {
         SegFbox {
             head: b.0.as_ptr(),
             cap: self.hot.fbox_span_capacity,
+            prefetchw: self.hot.prefetchw,
             _seg: PhantomData,
         }
     }
