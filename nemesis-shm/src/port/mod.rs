@@ -80,8 +80,6 @@ struct Book<R: Region> {
     /// Our own queues and doorbell.
     my: R::ProcKey,
     fbox_cap: usize,
-    /// Boxes per ring.
-    fbox_slots: u64,
     cell_cap: usize,
     cells_per_proc: u32,
     /// Every other local process, in order: process `p` is at `p - (p > me)`.
@@ -135,7 +133,6 @@ impl<R: Region, V: Variant> Port<R, V> {
             n,
             my: region.proc_key(me),
             fbox_cap,
-            fbox_slots: u64::from(region.fbox_slots()),
             cell_cap: region.cell_capacity(),
             cells_per_proc: cells,
             peers,
@@ -262,7 +259,7 @@ impl<R: Region, V: Variant> Port<R, V> {
         if peer.boxes.is_none() {
             return false;
         }
-        len <= b.fbox_cap && put_fbox::<R, V>(region, wake, peer, b.fbox_slots, 1, env, payload, len)
+        len <= b.fbox_cap && put_fbox::<R, V>(region, wake, peer, 1, env, payload, len)
     }
 
     /// Sends through fastboxes alone, never a cell: the next box, or the next boxes a
@@ -289,15 +286,7 @@ impl<R: Region, V: Variant> Port<R, V> {
     #[inline(always)]
     fn try_span(&mut self, pos: usize, env: &Envelope, payload: &[&[u8]], len: usize) -> bool {
         let b = &mut self.book;
-        put_fbox_span::<R, V>(
-            &*self.region,
-            &self.wake,
-            &mut b.peers[pos],
-            b.fbox_slots,
-            env,
-            payload,
-            len,
-        )
+        put_fbox_span::<R, V>(&*self.region, &self.wake, &mut b.peers[pos], env, payload, len)
     }
 
     /// The path of [`Port::try_send`] after one fastbox: a message longer than one box
@@ -374,7 +363,7 @@ impl<R: Region, V: Variant> Port<R, V> {
         // taken in one poll, up to a bound, so a stream pays the caller's poll once per
         // run rather than per message.
         for peer in b.peers.iter_mut() {
-            got += take_run::<R, V, F>(region, peer, b.fbox_cap, b.fbox_slots, &mut f);
+            got += take_run::<R, V, F>(region, peer, b.fbox_cap, &mut f);
         }
         // SAFETY: a key of this region.
         if !b.rq.is_empty(unsafe { region.recv_queue_of(b.my) }) {
@@ -406,7 +395,7 @@ impl<R: Region, V: Variant> Port<R, V> {
         }
         let pos = b.pos(src);
         match b.peers.get_mut(pos) {
-            Some(peer) => take_fbox::<R, V, F>(&*self.region, peer, b.fbox_cap, b.fbox_slots, &mut f),
+            Some(peer) => take_fbox::<R, V, F>(&*self.region, peer, b.fbox_cap, &mut f),
             None => false,
         }
     }
@@ -431,7 +420,7 @@ impl<R: Region, V: Variant> Port<R, V> {
             if V::SEQ_CHECK && meta.seq != peer.recv_seq as u32 {
                 // Its predecessor went through the fastbox, which was published first.
                 let due = peer.recv_seq;
-                if take_fbox::<R, V, F>(region, peer, b.fbox_cap, b.fbox_slots, f) {
+                if take_fbox::<R, V, F>(region, peer, b.fbox_cap, f) {
                     got += 1;
                     continue;
                 }

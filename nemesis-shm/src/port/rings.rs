@@ -23,9 +23,10 @@ pub(super) struct Rings<R: Region> {
     inn: R::FboxKey,
     /// Boxes of `out` that we have filled.
     sent: u64,
-    /// The peer's acknowledgement of `out` as we last read it: the sender reads the word
-    /// again only when this says the ring is full.
-    acked: u64,
+    /// The count of `out` up to which its boxes are ours: the peer's acknowledgement as
+    /// we last read it, plus the ring's boxes. The sender reads the word again only when
+    /// a message would go past this; kept as the sum so each check is one comparison.
+    room_end: u64,
     /// Boxes of `inn` that we have consumed.
     taken: u64,
     /// The box of `out` we fill next, and the box of `inn` we look at next, kept so that
@@ -47,6 +48,9 @@ pub(super) struct Rings<R: Region> {
     /// only then, here rather than in the book so that the one-message poll does not
     /// carry it.
     read_ahead: bool,
+    /// Boxes per ring: read only off the one-box paths (a full ring, a lap's end), so
+    /// kept here rather than passed down every call.
+    slots: u64,
 }
 
 impl<R: Region> Rings<R> {
@@ -58,7 +62,7 @@ impl<R: Region> Rings<R> {
             out,
             inn,
             sent: 0,
-            acked: 0,
+            room_end: u64::from(region.fbox_slots()),
             taken: 0,
             out_next,
             in_next,
@@ -70,6 +74,7 @@ impl<R: Region> Rings<R> {
                 u64::MAX
             },
             read_ahead: crate::config::default_read_ahead(),
+            slots: u64::from(region.fbox_slots()),
         }
     }
 
@@ -120,12 +125,10 @@ impl<R: Region> Rings<R> {
 /// Puts a message into the next `span` boxes of our ring to `peer` (which has boxes) if
 /// they are free; returns whether it did.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 pub(super) fn put_fbox<R: Region, V: Variant>(
     region: &R,
     wake: &Option<Arc<dyn Wake>>,
     peer: &mut Peer<R>,
-    slots: u64,
     span: u64,
     env: &Envelope,
     payload: &[&[u8]],
@@ -137,14 +140,14 @@ pub(super) fn put_fbox<R: Region, V: Variant>(
     let mut seq = peer.send_seq;
     let mut sent = r.sent;
     if span == 1 && sent >= r.lap_end {
-        let Some(marks) = short_past_lap::<R, V>(region, r, slots, seq) else {
+        let Some(marks) = short_past_lap::<R, V>(region, r, seq) else {
             return false;
         };
         seq += marks;
         peer.send_seq = seq;
         sent = r.sent;
     }
-    if !room_for(region, r, sent, span, slots) {
+    if !room_for(region, r, sent, span) {
         return false;
     }
     // SAFETY: a key of this region.
@@ -157,7 +160,7 @@ pub(super) fn put_fbox<R: Region, V: Variant>(
     r.sent = sent + span;
     // SAFETY: a key of this region.
     r.out_next = unsafe { region.box_key(r.out, sent + span) };
-    if sent + span < r.acked + slots {
+    if sent + span < r.room_end {
         // The next box is ours (by the acknowledgement we hold): take the lines a
         // message like this one would write, while the caller goes on. Not the line of
         // its sequence word when we took a message from the peer since our last send:
@@ -182,14 +185,13 @@ pub(super) fn put_fbox_span<R: Region, V: Variant>(
     region: &R,
     wake: &Option<Arc<dyn Wake>>,
     peer: &mut Peer<R>,
-    slots: u64,
     env: &Envelope,
     payload: &[&[u8]],
     len: usize,
 ) -> bool {
     match region.fbox_span(len) {
         0 => false,
-        span => put_fbox::<R, V>(region, wake, peer, slots, span, env, payload, len),
+        span => put_fbox::<R, V>(region, wake, peer, span, env, payload, len),
     }
 }
 
@@ -197,11 +199,11 @@ pub(super) fn put_fbox_span<R: Region, V: Variant>(
 /// acknowledgement we hold or, when that says the ring is full, by the receiver's
 /// word read again.
 #[inline(always)]
-fn room_for<R: Region>(region: &R, r: &mut Rings<R>, sent: u64, span: u64, slots: u64) -> bool {
-    if sent + span - r.acked > slots {
+fn room_for<R: Region>(region: &R, r: &mut Rings<R>, sent: u64, span: u64) -> bool {
+    if sent + span > r.room_end {
         // SAFETY: every key in the book was made by `region`.
-        r.acked = unsafe { region.fbox_ack_of(r.out) }.load(Ordering::Acquire);
-        if sent + span - r.acked > slots {
+        r.room_end = unsafe { region.fbox_ack_of(r.out) }.load(Ordering::Acquire) + r.slots;
+        if sent + span > r.room_end {
             return false;
         }
     }
@@ -225,14 +227,15 @@ fn next_lap(count: u64, slots: u64) -> u64 {
 /// when the box for the mark is not free yet.
 #[cold]
 #[inline(never)]
-fn short_past_lap<R: Region, V: Variant>(region: &R, r: &mut Rings<R>, slots: u64, seq: u64) -> Option<u64> {
+fn short_past_lap<R: Region, V: Variant>(region: &R, r: &mut Rings<R>, seq: u64) -> Option<u64> {
+    let slots = r.slots;
     let lap = u64::from(region.fbox_lap());
     let sent = r.sent;
     if sent & (slots - 1) < lap {
         r.lap_end = (sent & !(slots - 1)) + lap;
         return Some(0);
     }
-    if !room_for(region, r, sent, 1, slots) {
+    if !room_for(region, r, sent, 1) {
         return None;
     }
     // SAFETY: a key of this region; the box is ours by the acknowledgement above.
@@ -259,7 +262,6 @@ pub(super) fn take_fbox<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
     region: &R,
     peer: &mut Peer<R>,
     one: usize,
-    slots: u64,
     f: &mut F,
 ) -> bool {
     let Some((index, r, recv_seq)) = receiving(peer) else {
@@ -269,7 +271,7 @@ pub(super) fn take_fbox<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
     let word = seq_in::<R>(region, r.in_next);
     if word != due {
         // An older number is no message; a larger one only a lap's mark.
-        if word < due || pass_lap_mark::<R, V>(region, r, recv_seq, slots, word).is_none() {
+        if word < due || pass_lap_mark::<R, V>(region, r, recv_seq, word).is_none() {
             return false;
         }
         if !due_in::<R>(region, r.in_next, due + 1) {
@@ -277,7 +279,7 @@ pub(super) fn take_fbox<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
         }
     }
     // SAFETY: the message now due was seen published there.
-    unsafe { deliver::<R, V, F>(region, index, r, r.in_next, recv_seq, one, slots, f) };
+    unsafe { deliver::<R, V, F>(region, index, r, r.in_next, recv_seq, one, f) };
     true
 }
 
@@ -290,7 +292,6 @@ pub(super) fn take_run<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
     region: &R,
     peer: &mut Peer<R>,
     one: usize,
-    slots: u64,
     f: &mut F,
 ) -> usize {
     let Some((index, r, recv_seq)) = receiving(peer) else {
@@ -306,7 +307,7 @@ pub(super) fn take_run<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
             if word < due {
                 break;
             }
-            match pass_lap_mark::<R, V>(region, r, recv_seq, slots, word) {
+            match pass_lap_mark::<R, V>(region, r, recv_seq, word) {
                 Some(n) => next = n,
                 None => break,
             }
@@ -314,7 +315,7 @@ pub(super) fn take_run<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
             continue;
         }
         // SAFETY: the Acquire load above saw the message `due` published there.
-        next = unsafe { deliver::<R, V, F>(region, index, r, next, recv_seq, one, slots, f) };
+        next = unsafe { deliver::<R, V, F>(region, index, r, next, recv_seq, one, f) };
         due += 1;
         run += 1;
         if run >= 2 && r.read_ahead {
@@ -374,13 +375,12 @@ fn pass_lap_mark<R: Region, V: Variant>(
     region: &R,
     r: &mut Rings<R>,
     recv_seq: &mut u64,
-    slots: u64,
     word: u64,
 ) -> Option<R::BoxKey> {
     if word != *recv_seq | LAP_MARK {
         return None;
     }
-    let next = next_lap(r.taken, slots);
+    let next = next_lap(r.taken, r.slots);
     r.taken = next;
     // SAFETY: keys of this region.
     r.in_next = unsafe { region.box_key(r.inn, next) };
@@ -396,7 +396,6 @@ fn pass_lap_mark<R: Region, V: Variant>(
 /// # Safety
 /// `at` is `r.in_next`, where [`due_in`] saw message `*recv_seq`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn deliver<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
     region: &R,
     index: u32,
@@ -404,7 +403,6 @@ unsafe fn deliver<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
     at: R::BoxKey,
     recv_seq: &mut u64,
     one: usize,
-    slots: u64,
     f: &mut F,
 ) -> R::BoxKey {
     // SAFETY: a key of this region.
@@ -436,7 +434,7 @@ unsafe fn deliver<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
     // message of many lines, ask for the rest of the lines a reply as long would write
     // (after a short one that cost more than it saved). `--cfg nemesis_no_reply_claim`
     // leaves both out.
-    if cfg!(not(nemesis_no_reply_claim)) && r.sent < r.acked + slots {
+    if cfg!(not(nemesis_no_reply_claim)) && r.sent < r.room_end {
         // SAFETY: a key of this region; by the acknowledgement we acquired, the box is
         // ours.
         let reply = unsafe { region.fbox_at(r.out_next) };
