@@ -279,14 +279,16 @@ pub(super) fn take_fbox<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
         }
     }
     // SAFETY: the message now due was seen published there.
-    unsafe { deliver::<R, V, F>(region, index, r, r.in_next, recv_seq, one, f) };
+    let len = unsafe { deliver::<R, V, F>(region, index, r, r.in_next, recv_seq, one, f) };
+    after_taking(region, r, len);
     true
 }
 
 /// Delivers the messages that wait in the next boxes of the peer's ring to us, at most
 /// [`FBOX_RUN`]; returns how many. [`take_fbox`] in a loop, with the next box and the
 /// number due carried from one message to the next rather than loaded again: the look
-/// that finds the ring empty after a message costs one load of a sequence word.
+/// that finds the ring empty after a message costs one load of a sequence word. What a
+/// reply would want is done once for the run ([`after_taking`]), not once a message.
 #[inline(always)]
 pub(super) fn take_run<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
     region: &R,
@@ -300,6 +302,7 @@ pub(super) fn take_run<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
     let mut next = r.in_next;
     let mut due = *recv_seq;
     let mut run = 0;
+    let mut len = 0;
     while run < FBOX_RUN {
         let word = seq_in::<R>(region, next);
         if word != due {
@@ -315,12 +318,16 @@ pub(super) fn take_run<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
             continue;
         }
         // SAFETY: the Acquire load above saw the message `due` published there.
-        next = unsafe { deliver::<R, V, F>(region, index, r, next, recv_seq, one, f) };
+        len = unsafe { deliver::<R, V, F>(region, index, r, next, recv_seq, one, f) };
+        next = r.in_next;
         due += 1;
         run += 1;
         if run >= 2 && r.read_ahead {
             fetch_ahead(region, r);
         }
+    }
+    if run > 0 {
+        after_taking(region, r, len);
     }
     run
 }
@@ -391,7 +398,9 @@ fn pass_lap_mark<R: Region, V: Variant>(
 }
 
 /// Hands `f` the message due in box `at`, the next of ring `r`, from local process
-/// `index`, and moves the ring and `recv_seq` past it; returns the box to look at next.
+/// `index`, moves the ring (`r.taken`, `r.in_next`) and `recv_seq` past it, and hands
+/// its boxes back to the sender; returns the message's length. The same message's
+/// [`after_taking`] is the caller's, once for a run.
 ///
 /// # Safety
 /// `at` is `r.in_next`, where [`due_in`] saw message `*recv_seq`.
@@ -404,7 +413,7 @@ unsafe fn deliver<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
     recv_seq: &mut u64,
     one: usize,
     f: &mut F,
-) -> R::BoxKey {
+) -> usize {
     // SAFETY: a key of this region.
     let inbox = unsafe { region.fbox_at(at) };
     // SAFETY: the Acquire load saw the message due, which we have not acknowledged, so
@@ -423,17 +432,22 @@ unsafe fn deliver<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
     };
     *recv_seq += 1;
     r.taken = taken + span;
-    r.took_one();
     // SAFETY: keys of this region.
-    let next = unsafe { region.box_key(r.inn, taken + span) };
-    r.in_next = next;
+    r.in_next = unsafe { region.box_key(r.inn, taken + span) };
     // SAFETY: a key of this region.
     unsafe { region.fbox_ack_of(r.inn) }.store(taken + span, V::FBOX_RETURN);
-    // A reply is likely: take the line of the box it would go into now, as a single
-    // box did when its acknowledgement shared the line with the reply, and, after a
-    // message of many lines, ask for the rest of the lines a reply as long would write
-    // (after a short one that cost more than it saved). `--cfg nemesis_no_reply_claim`
-    // leaves both out.
+    len
+}
+
+/// After one message or a run of them, the last `len` bytes long: notes an exchange
+/// rather than a stream, and, a reply being likely, takes the line of the box it would
+/// go into, as a single box did when its acknowledgement shared the line with the
+/// reply; after a message of many lines it also asks for the rest of the lines a reply
+/// as long would write (after a short one that cost more than it saved). `--cfg
+/// nemesis_no_reply_claim` leaves the reply out.
+#[inline(always)]
+fn after_taking<R: Region>(region: &R, r: &mut Rings<R>, len: usize) {
+    r.took_one();
     if cfg!(not(nemesis_no_reply_claim)) && r.sent < r.room_end {
         // SAFETY: a key of this region; by the acknowledgement we acquired, the box is
         // ours.
@@ -444,7 +458,6 @@ unsafe fn deliver<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
             reply.prepare(len, true);
         }
     }
-    next
 }
 
 /// How many boxes past the next one a receiver that is behind asks for.

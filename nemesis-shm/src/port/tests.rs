@@ -66,6 +66,33 @@ fn a_ring_of_fastboxes_takes_a_run_before_cells_and_wraps_in_order() {
 }
 
 #[test]
+fn a_run_taken_in_one_poll_returns_every_box_and_ends_the_takers_stream() {
+    let r = Arc::new(HeapRegion::with_fbox_slots(2, 8, 64, 16, 4));
+    let (mut a, mut b) = (Port::new(r.clone(), 0), Port::new(r, 1));
+    let m = [9u8; 16];
+    b.try_send(0, &[100, 0], &[&m], 16).unwrap();
+    assert!(b.sent_since_taken(0));
+    for i in 0..4u64 {
+        a.try_send(1, &[i, 0], &[&m], 16).unwrap();
+    }
+    let got = drain(&mut b);
+    assert_eq!(
+        got.iter().map(|g| g.1).collect::<Vec<_>>(),
+        vec![0, 1, 2, 3],
+        "one poll, one run"
+    );
+    assert!(!b.sent_since_taken(0), "taking the run ended b's stream to a");
+    // Every box of the run went back: four more fit the ring, no cell taken.
+    for i in 4..8u64 {
+        a.try_send(1, &[i, 0], &[&m], 16).unwrap();
+    }
+    assert_eq!(a.cells_for(1), 8, "the second four went by fastbox");
+    let got = drain(&mut b);
+    assert_eq!(got.iter().map(|g| g.1).collect::<Vec<_>>(), vec![4, 5, 6, 7]);
+    assert_eq!(drain(&mut a).iter().map(|g| g.1).collect::<Vec<_>>(), vec![100]);
+}
+
+#[test]
 fn short_messages_keep_to_the_lap_and_long_ones_use_the_whole_ring() {
     // Eight boxes of 16 bytes, messages of one box in the first four of each lap.
     let r = Arc::new(HeapRegion::with_fbox_slots(2, 8, 64, 16, 8).with_fbox_lap(4));
