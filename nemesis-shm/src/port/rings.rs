@@ -279,7 +279,7 @@ pub(super) fn take_fbox<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
         }
     }
     // SAFETY: the message now due was seen published there.
-    let len = unsafe { deliver::<R, V, F>(region, index, r, r.in_next, recv_seq, one, f) };
+    let (len, _) = unsafe { deliver::<R, V, F>(region, index, r, r.in_next, recv_seq, one, f) };
     after_taking(region, r, len);
     true
 }
@@ -318,8 +318,7 @@ pub(super) fn take_run<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
             continue;
         }
         // SAFETY: the Acquire load above saw the message `due` published there.
-        len = unsafe { deliver::<R, V, F>(region, index, r, next, recv_seq, one, f) };
-        next = r.in_next;
+        (len, next) = unsafe { deliver::<R, V, F>(region, index, r, next, recv_seq, one, f) };
         due += 1;
         run += 1;
         if run >= 2 && r.read_ahead {
@@ -399,8 +398,8 @@ fn pass_lap_mark<R: Region, V: Variant>(
 
 /// Hands `f` the message due in box `at`, the next of ring `r`, from local process
 /// `index`, moves the ring (`r.taken`, `r.in_next`) and `recv_seq` past it, and hands
-/// its boxes back to the sender; returns the message's length. The same message's
-/// [`after_taking`] is the caller's, once for a run.
+/// its boxes back to the sender; returns the message's length and the box to look at
+/// next. The same message's [`after_taking`] is the caller's, once for a run.
 ///
 /// # Safety
 /// `at` is `r.in_next`, where [`due_in`] saw message `*recv_seq`.
@@ -413,7 +412,7 @@ unsafe fn deliver<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
     recv_seq: &mut u64,
     one: usize,
     f: &mut F,
-) -> usize {
+) -> (usize, R::BoxKey) {
     // SAFETY: a key of this region.
     let inbox = unsafe { region.fbox_at(at) };
     // SAFETY: the Acquire load saw the message due, which we have not acknowledged, so
@@ -433,10 +432,11 @@ unsafe fn deliver<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
     *recv_seq += 1;
     r.taken = taken + span;
     // SAFETY: keys of this region.
-    r.in_next = unsafe { region.box_key(r.inn, taken + span) };
+    let next = unsafe { region.box_key(r.inn, taken + span) };
+    r.in_next = next;
     // SAFETY: a key of this region.
     unsafe { region.fbox_ack_of(r.inn) }.store(taken + span, V::FBOX_RETURN);
-    len
+    (len, next)
 }
 
 /// After one message or a run of them, the last `len` bytes long: notes an exchange

@@ -768,13 +768,13 @@ impl Links for Segment {
     }
 }
 
-/// A fastbox of a [`Segment`].
+/// A fastbox of a [`Segment`]. The segment's hot fields are read where a step needs
+/// them, not copied in when the box is named: the claim of a reply's box then loads
+/// nothing for a prepare it rarely makes.
 #[derive(Debug, Clone, Copy)]
 pub struct SegFbox<'a> {
     head: *mut FboxHead,
-    cap: usize,
-    prefetchw: crate::prefetch::Prefetchw,
-    _seg: PhantomData<&'a Segment>,
+    hot: &'a Hot,
 }
 
 impl<'a> FboxAccess<'a> for SegFbox<'a> {
@@ -796,10 +796,10 @@ impl<'a> FboxAccess<'a> for SegFbox<'a> {
     }
     #[inline(always)]
     fn prepare(self, len: usize, skip_first: bool) {
-        let lines = (FBOX_HEADER as usize + len.min(self.cap)).div_ceil(64);
+        let lines = (FBOX_HEADER as usize + len.min(self.hot.fbox_span_capacity)).div_ceil(64);
         let skip = usize::from(skip_first);
         crate::prefetch::for_write(
-            self.prefetchw,
+            self.hot.prefetchw,
             self.head.cast::<u8>().wrapping_add(skip * 64),
             lines - skip,
         );
@@ -822,7 +822,7 @@ impl<'a> FboxAccess<'a> for SegFbox<'a> {
         // the ring's room.
         unsafe {
             let env = addr_of!((*h).env).read();
-            let len = (addr_of!((*h).len).read() as usize).min(self.cap);
+            let len = (addr_of!((*h).len).read() as usize).min(self.hot.fbox_span_capacity);
             let data = core::slice::from_raw_parts(h.cast::<u8>().add(FBOX_HEADER as usize), len);
             f(&env, data)
         }
@@ -986,9 +986,7 @@ impl Region for Segment {
     unsafe fn fbox_at(&self, b: BoxKey) -> SegFbox<'_> {
         SegFbox {
             head: b.0.as_ptr(),
-            cap: self.hot.fbox_span_capacity,
-            prefetchw: self.hot.prefetchw,
-            _seg: PhantomData,
+            hot: &self.hot,
         }
     }
     #[inline(always)]
