@@ -41,7 +41,7 @@ pub use config::Geometry;
 pub use error::ShmError;
 #[cfg(not(loom))]
 pub use file::{check_name, sweep};
-pub use port::{Full, Port};
+pub use port::{Full, Lane, Port};
 pub use region::{Envelope, Region};
 #[cfg(not(loom))]
 pub use segment::{JoinSpec, PeerState, Segment};

@@ -8,7 +8,7 @@ use nemesis_lmt::{LocalLmt, Policy};
 use nemesis_shm::config::shm_dir;
 use nemesis_shm::pairbuf::PairBufs;
 use nemesis_shm::wake::{SocketWake, WakeSocket};
-use nemesis_shm::{Geometry, JoinSpec, PeerState, Port, Segment};
+use nemesis_shm::{Geometry, JoinSpec, Lane, PeerState, Port, Segment};
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
@@ -31,6 +31,10 @@ pub struct ShmChannel {
     local_of: Vec<u32>,
     /// Local index to rank.
     rank_of: Vec<Rank>,
+    /// Rank to the port's lane to it: local peers with fastboxes only. The fast paths
+    /// (a send into the next fastbox, a look in one peer's) go through it with one
+    /// check.
+    lanes: Box<[Option<Lane>]>,
     /// Packets waiting for room, per local destination, in order.
     pending: Pending,
     /// Packets to hand up before the port's, in order, with their senders: those we
@@ -197,10 +201,12 @@ impl ShmChannel {
             Policy::from_env()?,
         )?;
         lmt.set_cpus_shared(outnumber(n as u32, usable_cpus()));
+        let lanes = local_of.iter().map(|&l| port.lane(l)).collect();
         Ok(Self {
             port,
             rank,
             size,
+            lanes,
             local_of,
             rank_of: local_ranks.to_vec(),
             pending: Pending::new(n, false),
@@ -290,12 +296,11 @@ impl ShmChannel {
             many => many.iter().map(|p| p.len()).sum(),
         };
         let env = header.to_envelope();
-        if let Some(&local) = self.local_of.get(peer as usize)
-            && local < self.rank_of.len() as u32
+        if let Some(&Some(lane)) = self.lanes.get(peer as usize)
             && self.pending.count() == 0
         {
-            // SAFETY: `local` is another local process: below the count, and not SELF.
-            unsafe { self.port.try_fbox_unchecked(local, &env, payload, len) }
+            // SAFETY: the lane came from our port; `len` is the payload's total.
+            unsafe { self.port.try_fbox_lane(lane, &env, payload, len) }
         } else {
             false
         }
@@ -511,16 +516,17 @@ impl Channel for ShmChannel {
     /// on, or held packets, which come before anything newer from their sender).
     #[inline]
     fn poll_from<F: FnMut(Packet<'_>)>(&mut self, peer: Rank, mut sink: F) -> bool {
-        match self.local_of.get(peer as usize) {
-            Some(&local) if local < self.rank_of.len() as u32 && !self.extra => {
-                self.port.poll_fbox_of(local, |_, env, payload| {
+        match self.lanes.get(peer as usize) {
+            // SAFETY: the lane came from our port.
+            Some(&Some(lane)) if !self.extra => unsafe {
+                self.port.poll_fbox_lane(lane, |_, env, payload| {
                     sink(Packet {
                         src: peer,
                         header: Header::from_envelope(env),
                         payload,
                     })
                 })
-            }
+            },
             _ => false,
         }
     }

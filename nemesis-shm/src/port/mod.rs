@@ -35,6 +35,20 @@ pub struct Corrupt {
     pub what: &'static str,
 }
 
+/// A local peer that has rings of fastboxes with us, named by its place among the
+/// port's peers ([`Port::lane`]): what a caller that sends to or polls one peer at a
+/// time keeps per peer, so that each call goes to the peer's rings without checking
+/// the index again. Kept as the place plus one, so that an `Option<Lane>` is four bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lane(std::num::NonZeroU32);
+
+impl Lane {
+    #[inline(always)]
+    fn pos(self) -> usize {
+        self.0.get() as usize - 1
+    }
+}
+
 /// How many queue cells one poll hands up at most, so a flood cannot starve the caller.
 const POLL_BUDGET: usize = 64;
 
@@ -247,19 +261,68 @@ impl<R: Region, V: Variant> Port<R, V> {
         payload: &[&[u8]],
         len: usize,
     ) -> bool {
-        let b = &mut self.book;
-        let region = &*self.region;
-        let wake = &self.wake;
+        let b = &self.book;
         debug_assert!(dest < b.n && dest != b.me);
-        debug_assert_eq!(len, payload.iter().map(|p| p.len()).sum::<usize>());
-        // SAFETY: the caller guarantees `dest < n` and `dest != me`, so the position is
-        // below `n - 1`, the length of `peers`.
-        let peer = unsafe { b.peers.get_unchecked_mut(b.pos(dest)) };
-        // `put_fbox` looks again; returning here first lays the one-box path out shorter.
-        if peer.boxes.is_none() {
-            return false;
+        match self.lane(dest) {
+            // SAFETY: a lane of this port.
+            Some(lane) => unsafe { self.try_fbox_lane(lane, env, payload, len) },
+            None => false,
         }
-        len <= b.fbox_cap && put_fbox::<R, V>(region, wake, peer, 1, env, payload, len)
+    }
+
+    /// The lane to local process `dest`: `None` for ourselves, past the processes, or
+    /// without fastboxes.
+    #[inline]
+    pub fn lane(&self, dest: u32) -> Option<Lane> {
+        let b = &self.book;
+        if dest == b.me || dest >= b.n {
+            return None;
+        }
+        let pos = b.pos(dest);
+        b.peers[pos].boxes.as_ref()?;
+        // The place is below `n - 1`, which is below `u32::MAX`.
+        std::num::NonZeroU32::new(pos as u32 + 1).map(Lane)
+    }
+
+    /// [`Port::try_fbox_unchecked`] through a lane: the next fastbox to its peer, if the
+    /// message fits and the box is free; returns whether it went.
+    ///
+    /// # Safety
+    /// `lane` came from this port's [`Port::lane`]. `len` is the total length of
+    /// `payload`.
+    #[inline(always)]
+    pub unsafe fn try_fbox_lane(
+        &mut self,
+        lane: Lane,
+        env: &Envelope,
+        payload: &[&[u8]],
+        len: usize,
+    ) -> bool {
+        let b = &mut self.book;
+        debug_assert!(lane.pos() < b.peers.len() && b.peers[lane.pos()].boxes.is_some());
+        debug_assert_eq!(len, payload.iter().map(|p| p.len()).sum::<usize>());
+        // SAFETY: a lane of this port names one of its peers, and only a peer with
+        // rings; the peers never change.
+        let peer = unsafe { b.peers.get_unchecked_mut(lane.pos()) };
+        // SAFETY: as above.
+        unsafe { std::hint::assert_unchecked(peer.boxes.is_some()) };
+        len <= b.fbox_cap && put_fbox::<R, V>(&*self.region, &self.wake, peer, 1, env, payload, len)
+    }
+
+    /// [`Port::poll_fbox_of`] through a lane: hands `f` the next message from its peer
+    /// if it waits in the fastbox, and reports whether it did.
+    ///
+    /// # Safety
+    /// `lane` came from this port's [`Port::lane`].
+    #[inline]
+    pub unsafe fn poll_fbox_lane<F: FnMut(u32, &Envelope, &[u8])>(&mut self, lane: Lane, mut f: F) -> bool {
+        let b = &mut self.book;
+        debug_assert!(lane.pos() < b.peers.len() && b.peers[lane.pos()].boxes.is_some());
+        // SAFETY: as for `try_fbox_lane`.
+        let peer = unsafe { b.peers.get_unchecked_mut(lane.pos()) };
+        // SAFETY: as above.
+        unsafe { std::hint::assert_unchecked(peer.boxes.is_some()) };
+        take_fbox::<R, V, F>(&*self.region, peer, b.fbox_cap, &mut f)
     }
 
     /// Sends through fastboxes alone, never a cell: the next box, or the next boxes a
@@ -388,14 +451,10 @@ impl<R: Region, V: Variant> Port<R, V> {
     /// and reports whether it did: cheaper than [`Port::poll`] for a caller that knows
     /// whom it waits for.
     #[inline]
-    pub fn poll_fbox_of<F: FnMut(u32, &Envelope, &[u8])>(&mut self, src: u32, mut f: F) -> bool {
-        let b = &mut self.book;
-        if src == b.me {
-            return false;
-        }
-        let pos = b.pos(src);
-        match b.peers.get_mut(pos) {
-            Some(peer) => take_fbox::<R, V, F>(&*self.region, peer, b.fbox_cap, &mut f),
+    pub fn poll_fbox_of<F: FnMut(u32, &Envelope, &[u8])>(&mut self, src: u32, f: F) -> bool {
+        match self.lane(src) {
+            // SAFETY: a lane of this port.
+            Some(lane) => unsafe { self.poll_fbox_lane(lane, f) },
             None => false,
         }
     }

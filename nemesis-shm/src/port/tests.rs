@@ -93,6 +93,31 @@ fn a_run_taken_in_one_poll_returns_every_box_and_ends_the_takers_stream() {
 }
 
 #[test]
+fn lanes_name_only_peers_with_rings_and_carry_both_ways() {
+    let r = Arc::new(HeapRegion::new(3, 4, 64, 32));
+    let (mut a, mut c) = (Port::new(r.clone(), 0), Port::new(r, 2));
+    assert_eq!(a.lane(0), None, "not ourselves");
+    assert_eq!(a.lane(3), None, "not past the processes");
+    assert_eq!(a.lane(u32::MAX), None);
+    let (to_c, to_a) = (a.lane(2).unwrap(), c.lane(0).unwrap());
+    assert_ne!(a.lane(1), Some(to_c), "each peer its own lane");
+    // SAFETY: lanes of the ports they are used with.
+    unsafe {
+        assert!(a.try_fbox_lane(to_c, &[7, 0], &[b"hi"], 2));
+        assert!(
+            !a.try_fbox_lane(to_c, &[8, 0], &[&[0u8; 40]], 40),
+            "longer than a box"
+        );
+        let mut got = Vec::new();
+        assert!(c.poll_fbox_lane(to_a, |s, env, d| got.push((s, env[0], d.to_vec()))));
+        assert_eq!(got, vec![(0, 7, b"hi".to_vec())]);
+        assert!(!c.poll_fbox_lane(to_a, |_, _, _| panic!("nothing more")));
+    }
+    let (off, _) = pair(2, 64, 0);
+    assert_eq!(off.lane(1), None, "no lanes without fastboxes");
+}
+
+#[test]
 fn short_messages_keep_to_the_lap_and_long_ones_use_the_whole_ring() {
     // Eight boxes of 16 bytes, messages of one box in the first four of each lap.
     let r = Arc::new(HeapRegion::with_fbox_slots(2, 8, 64, 16, 8).with_fbox_lap(4));
