@@ -894,9 +894,11 @@ unsafe impl Send for BoxKey {}
 // SAFETY: as above.
 unsafe impl Sync for BoxKey {}
 
-/// Names an ordered pair's ring of fastboxes in a [`Segment`].
+/// Names an ordered pair's ring of fastboxes in a [`Segment`]: the address of its first
+/// box, so that naming a box is a multiply and an add; the ring's head (its
+/// acknowledgement) sits just before it.
 #[derive(Debug, Clone, Copy)]
-pub struct FboxKey(NonNull<LaneHead>);
+pub struct FboxKey(NonNull<u8>);
 // SAFETY: an address into shared memory; using it requires the segment (see Region).
 unsafe impl Send for FboxKey {}
 // SAFETY: as above.
@@ -955,9 +957,9 @@ impl Region for Segment {
         if index >= h.nlanes {
             out_of_range("fastbox ring", index, h.nlanes);
         }
-        // SAFETY: in bounds by the check and the layout.
-        let head = unsafe { h.fboxes.add(index * h.lane_stride).cast() };
-        FboxKey(NonNull::new(head).expect("mapping is not null"))
+        // SAFETY: in bounds by the check and the layout: the boxes follow the ring's head.
+        let first = unsafe { h.fboxes.add(index * h.lane_stride + size_of::<LaneHead>()) };
+        FboxKey(NonNull::new(first).expect("mapping is not null"))
     }
     #[inline(always)]
     unsafe fn recv_queue_of(&self, k: SlotKey) -> &QueueShared {
@@ -977,10 +979,10 @@ impl Region for Segment {
     #[inline(always)]
     unsafe fn box_key(&self, k: FboxKey, i: u64) -> BoxKey {
         let h = &self.hot;
-        let at = size_of::<LaneHead>() + (i & h.fbox_mask) as usize * h.fbox_stride;
-        // SAFETY: the caller passes a key of this segment; the ring's boxes follow its
-        // head, and the mask keeps the index inside the ring.
-        BoxKey(unsafe { k.0.cast::<u8>().add(at).cast() })
+        let at = (i & h.fbox_mask) as usize * h.fbox_stride;
+        // SAFETY: the caller passes a key of this segment, the ring's first box; the mask
+        // keeps the index inside the ring.
+        BoxKey(unsafe { k.0.add(at).cast() })
     }
     #[inline(always)]
     unsafe fn fbox_at(&self, b: BoxKey) -> SegFbox<'_> {
@@ -991,8 +993,9 @@ impl Region for Segment {
     }
     #[inline(always)]
     unsafe fn fbox_ack_of(&self, k: FboxKey) -> &AtomicU64 {
-        // SAFETY: the caller passes a key of this segment, which outlives the borrow.
-        unsafe { &k.0.as_ref().ack }
+        // SAFETY: the caller passes a key of this segment, which outlives the borrow; the
+        // ring's head lies just before its first box.
+        unsafe { &k.0.sub(size_of::<LaneHead>()).cast::<LaneHead>().as_ref().ack }
     }
     #[inline(always)]
     fn cell(&self, handle: u32) -> SegCell<'_> {
