@@ -51,7 +51,7 @@ pub(crate) fn for_write(can: Prefetchw, p: *const u8, lines: usize) {
         }
     }
     #[cfg(any(not(target_arch = "x86_64"), nemesis_no_prefetchw))]
-    let _ = (can, p, lines);
+    let _ = (can.0, p, lines);
 }
 
 /// Asks for the cache line at `p` for reading, where the CPU can; otherwise does

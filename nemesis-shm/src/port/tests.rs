@@ -42,7 +42,7 @@ fn a_ring_of_fastboxes_takes_a_run_before_cells_and_wraps_in_order() {
     assert_eq!(a.cells_for(1), 8, "four messages fit the ring of four boxes");
     a.try_send(1, &[4, 0], &[&m], 16).unwrap();
     assert_eq!(a.cells_for(1), 7, "the fifth took a cell");
-    // Each poll takes the next box; the cell waits for its turn.
+    // A poll takes the boxes' run; the cell waits for its turn behind them.
     let mut got = Vec::new();
     while got.len() < 5 {
         got.extend(drain(&mut b).into_iter().map(|m| m.1));
@@ -52,7 +52,7 @@ fn a_ring_of_fastboxes_takes_a_run_before_cells_and_wraps_in_order() {
     for i in 5..13u64 {
         a.try_send(1, &[i, 0], &[&m], 16).unwrap();
         if i == 8 {
-            // One box per poll.
+            // The four boxes, whichever polls take them (the first takes the run).
             assert_eq!((0..4).map(|_| drain(&mut b).len()).sum::<usize>(), 4);
         }
     }
