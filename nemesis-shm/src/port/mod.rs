@@ -263,7 +263,8 @@ impl<R: Region, V: Variant> Port<R, V> {
     ) -> bool {
         let b = &self.book;
         debug_assert!(dest < b.n && dest != b.me);
-        match self.lane(dest) {
+        // SAFETY: the caller guarantees `dest < n` and `dest != me`.
+        match unsafe { b.lane_at(b.pos(dest)) } {
             // SAFETY: a lane of this port.
             Some(lane) => unsafe { self.try_fbox_lane(lane, env, payload, len) },
             None => false,
@@ -278,10 +279,8 @@ impl<R: Region, V: Variant> Port<R, V> {
         if dest == b.me || dest >= b.n {
             return None;
         }
-        let pos = b.pos(dest);
-        b.peers[pos].boxes.as_ref()?;
-        // The place is below `n - 1`, which is below `u32::MAX`.
-        std::num::NonZeroU32::new(pos as u32 + 1).map(Lane)
+        // SAFETY: checked just above.
+        unsafe { b.lane_at(b.pos(dest)) }
     }
 
     /// [`Port::try_fbox_unchecked`] through a lane: the next fastbox to its peer, if the
@@ -299,14 +298,11 @@ impl<R: Region, V: Variant> Port<R, V> {
         len: usize,
     ) -> bool {
         let b = &mut self.book;
-        debug_assert!(lane.pos() < b.peers.len() && b.peers[lane.pos()].boxes.is_some());
         debug_assert_eq!(len, payload.iter().map(|p| p.len()).sum::<usize>());
-        // SAFETY: a lane of this port names one of its peers, and only a peer with
-        // rings; the peers never change.
-        let peer = unsafe { b.peers.get_unchecked_mut(lane.pos()) };
-        // SAFETY: as above.
-        unsafe { std::hint::assert_unchecked(peer.boxes.is_some()) };
-        len <= b.fbox_cap && put_fbox::<R, V>(&*self.region, &self.wake, peer, 1, env, payload, len)
+        let cap = b.fbox_cap;
+        // SAFETY: passed on from our caller.
+        let peer = unsafe { b.lane_peer(lane) };
+        len <= cap && put_fbox::<R, V>(&*self.region, &self.wake, peer, 1, env, payload, len)
     }
 
     /// [`Port::poll_fbox_of`] through a lane: hands `f` the next message from its peer
@@ -317,12 +313,10 @@ impl<R: Region, V: Variant> Port<R, V> {
     #[inline]
     pub unsafe fn poll_fbox_lane<F: FnMut(u32, &Envelope, &[u8])>(&mut self, lane: Lane, mut f: F) -> bool {
         let b = &mut self.book;
-        debug_assert!(lane.pos() < b.peers.len() && b.peers[lane.pos()].boxes.is_some());
-        // SAFETY: as for `try_fbox_lane`.
-        let peer = unsafe { b.peers.get_unchecked_mut(lane.pos()) };
-        // SAFETY: as above.
-        unsafe { std::hint::assert_unchecked(peer.boxes.is_some()) };
-        take_fbox::<R, V, F>(&*self.region, peer, b.fbox_cap, &mut f)
+        let cap = b.fbox_cap;
+        // SAFETY: passed on from our caller.
+        let peer = unsafe { b.lane_peer(lane) };
+        take_fbox::<R, V, F>(&*self.region, peer, cap, &mut f)
     }
 
     /// Sends through fastboxes alone, never a cell: the next box, or the next boxes a
@@ -639,6 +633,34 @@ impl<R: Region> Book<R> {
     #[inline(always)]
     fn pos(&self, p: u32) -> usize {
         (p - u32::from(p > self.me)) as usize
+    }
+
+    /// The lane to the peer at `pos` of `peers`, if it has rings.
+    ///
+    /// # Safety
+    /// `pos` is below the number of peers.
+    #[inline(always)]
+    unsafe fn lane_at(&self, pos: usize) -> Option<Lane> {
+        debug_assert!(pos < self.peers.len());
+        // SAFETY: passed on from our caller.
+        unsafe { self.peers.get_unchecked(pos) }.boxes.as_ref()?;
+        // The place is below `n - 1`, which is below `u32::MAX`.
+        std::num::NonZeroU32::new(pos as u32 + 1).map(Lane)
+    }
+
+    /// The peer that `lane` names, which has rings.
+    ///
+    /// # Safety
+    /// `lane` came from [`Book::lane_at`] of this book.
+    #[inline(always)]
+    unsafe fn lane_peer(&mut self, lane: Lane) -> &mut Peer<R> {
+        debug_assert!(lane.pos() < self.peers.len() && self.peers[lane.pos()].boxes.is_some());
+        // SAFETY: a lane names one of the peers, only one with rings, and the peers never
+        // change.
+        let peer = unsafe { self.peers.get_unchecked_mut(lane.pos()) };
+        // SAFETY: as above.
+        unsafe { std::hint::assert_unchecked(peer.boxes.is_some()) };
+        peer
     }
 
     /// Takes one of our cells for a message to `dest`, within its credit.

@@ -58,23 +58,24 @@ impl<R: Region> Rings<R> {
         let (out, inn) = (region.fbox_key(me, peer), region.fbox_key(peer, me));
         // SAFETY: keys just made by this region.
         let (out_next, in_next) = unsafe { (region.box_key(out, 0), region.box_key(inn, 0)) };
+        let slots = u64::from(region.fbox_slots());
         Self {
             out,
             inn,
             sent: 0,
-            room_end: u64::from(region.fbox_slots()),
+            room_end: slots,
             taken: 0,
             out_next,
             in_next,
             streaming: false,
             streaming_long: false,
-            lap_end: if region.fbox_lap() < region.fbox_slots() {
+            lap_end: if u64::from(region.fbox_lap()) < slots {
                 u64::from(region.fbox_lap())
             } else {
                 u64::MAX
             },
             read_ahead: crate::config::default_read_ahead(),
-            slots: u64::from(region.fbox_slots()),
+            slots,
         }
     }
 
