@@ -114,9 +114,25 @@ impl Request<'_> {
 #[derive(Debug)]
 pub struct Done<'scope> {
     status: Status,
-    recv: Option<&'scope mut [u8]>,
-    send: Option<&'scope [u8]>,
+    lent: Lent<'scope>,
 }
+
+/// The buffer a finished request lends back: one of the two, so that a [`Done`] is as
+/// large as a [`Request`] and a list of one becomes a list of the other in place.
+#[derive(Debug)]
+enum Lent<'scope> {
+    Recv(&'scope mut [u8]),
+    Send(&'scope [u8]),
+    /// A list of slices (`isend_iov`, `irecv_iov`): the caller keeps them.
+    None,
+}
+
+// A list of requests finished as they started becomes its list of results in place
+// (`waitall`), which takes the two to be of one size and alignment.
+const _: () = assert!(
+    std::mem::size_of::<Done<'static>>() == std::mem::size_of::<Request<'static>>()
+        && std::mem::align_of::<Done<'static>>() == std::mem::align_of::<Request<'static>>()
+);
 
 impl<'scope> Done<'scope> {
     /// For a receive, the sender, tag and length; for a send, the destination, tag and
@@ -127,16 +143,19 @@ impl<'scope> Done<'scope> {
 
     /// The received bytes (the buffer's start, as long as the message), or the sent ones.
     pub fn data(&self) -> &[u8] {
-        match (&self.recv, self.send) {
-            (Some(r), _) => &r[..self.status.len.min(r.len())],
-            (None, Some(s)) => s,
-            (None, None) => &[],
+        match &self.lent {
+            Lent::Recv(r) => &r[..self.status.len.min(r.len())],
+            Lent::Send(s) => s,
+            Lent::None => &[],
         }
     }
 
     /// The receive buffer, lent back for the rest of the scope.
     pub fn into_buffer(self) -> Option<&'scope mut [u8]> {
-        self.recv
+        match self.lent {
+            Lent::Recv(r) => Some(r),
+            _ => None,
+        }
     }
 }
 
@@ -482,23 +501,16 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
     /// The [`Done`] of finished request `r` with `status`: its buffer lent back.
     #[inline(always)]
     fn done_with(r: &Request<'scope>, status: Status) -> Done<'scope> {
-        let (recv, send) = match r.kind {
-            // A list of slices (`isend_iov`, `irecv_iov`): the caller keeps them.
-            _ if r.ptr.is_null() => (None, None),
+        let lent = match r.kind {
+            _ if r.ptr.is_null() => Lent::None,
             // SAFETY: the engine is done with the buffer (the request is finished, and
             // forgotten if it ever had an id), and the slice rebuilds the `&'scope mut`
             // borrow that `irecv` took, from the same pointer.
-            Kind::Recv => (
-                Some(unsafe { std::slice::from_raw_parts_mut(r.ptr, r.len) }),
-                None,
-            ),
+            Kind::Recv => Lent::Recv(unsafe { std::slice::from_raw_parts_mut(r.ptr, r.len) }),
             // SAFETY: as above, for the shared borrow `isend` took.
-            Kind::Send => (
-                None,
-                Some(unsafe { std::slice::from_raw_parts(r.ptr.cast_const(), r.len) }),
-            ),
+            Kind::Send => Lent::Send(unsafe { std::slice::from_raw_parts(r.ptr.cast_const(), r.len) }),
         };
-        Done { status, recv, send }
+        Done { status, lent }
     }
 
     /// Waits until the request finishes; returns its status and buffer.
@@ -531,11 +543,17 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
         }
         if at_once {
             // Every one finished as it started (a stream's eager sends): each result is
-            // the request's own fields, and there is nothing to poll for.
-            let done = rs.iter().map(Self::done_at_once).collect();
-            // Each finished as it started, so none is live: forgotten, not dropped.
-            rs.into_iter().for_each(std::mem::forget);
-            return Ok(done);
+            // the request's own fields, and there is nothing to poll for. Each is
+            // forgotten, not dropped (none is live), and the list becomes the list of
+            // results in its own allocation.
+            return Ok(rs
+                .into_iter()
+                .map(|r| {
+                    let d = Self::done_at_once(&r);
+                    std::mem::forget(r);
+                    d
+                })
+                .collect());
         }
         let mut done = Vec::with_capacity(rs.len());
         let mut first_err = None;
