@@ -249,6 +249,19 @@ fn child_dead_peer() {
         timed("irecv", &mut || {
             w.scope(|s| s.wait(s.irecv(&c, 1, 5, &mut buf)?).map(|_| ()))
         })?;
+        // A list whose first receive finishes (from this rank itself) and whose second
+        // waits on the dead peer: the list fails, and the first one's message is there.
+        let (mut mine, mut theirs) = ([0u8; 4], [0u8; 4]);
+        timed("waitall", &mut || {
+            w.scope(|s| {
+                let rs = vec![s.irecv(&c, 0, 7, &mut mine)?, s.irecv(&c, 1, 7, &mut theirs)?];
+                s.world().send(&c, 0, 7, b"self")?;
+                s.waitall(rs).map(|_| ())
+            })
+        })?;
+        if &mine != b"self" {
+            return Err(format!("waitall: the finished receive holds {mine:?}"));
+        }
         // Above the medium limit and any pair buffer: a rendezvous, which waits for its
         // receiver.
         let big = vec![1u8; (1 << 20) + 4096];
@@ -621,6 +634,7 @@ fn a_dead_peer_fails_receives_sends_and_collectives_in_bounded_time() {
             "recv:",
             "recv from any source:",
             "irecv:",
+            "waitall:",
             "rendezvous send:",
             "barrier:",
             "allreduce:",
@@ -757,7 +771,14 @@ fn a_dead_peer_over_each_netmod_fails_operations_in_bounded_time() {
                 .unwrap();
             assert!(o.status.success(), "{netmod} {leave}: {}", text(&o));
             let out = String::from_utf8_lossy(&o.stdout);
-            for what in ["recv:", "irecv:", "rendezvous send:", "barrier:", "allreduce:"] {
+            for what in [
+                "recv:",
+                "irecv:",
+                "waitall:",
+                "rendezvous send:",
+                "barrier:",
+                "allreduce:",
+            ] {
                 assert!(
                     out.contains(what),
                     "{netmod} {leave}: {what} missing\n{}",

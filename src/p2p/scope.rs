@@ -159,6 +159,54 @@ impl<'scope> Done<'scope> {
     }
 }
 
+/// A list of requests that `waitall` turns into their results in place: the first
+/// `done` slots hold results, the rest requests. Dropped before [`InPlace::finish`] (a
+/// failed wait, a panic), it drops the requests left, which releases the live ones,
+/// and frees the list.
+struct InPlace<'scope> {
+    ptr: *mut Request<'scope>,
+    len: usize,
+    cap: usize,
+    done: usize,
+}
+
+impl<'scope> InPlace<'scope> {
+    fn new(rs: Vec<Request<'scope>>) -> Self {
+        let mut rs = std::mem::ManuallyDrop::new(rs);
+        Self {
+            ptr: rs.as_mut_ptr(),
+            len: rs.len(),
+            cap: rs.capacity(),
+            done: 0,
+        }
+    }
+
+    /// The list of results, once every slot holds one.
+    fn finish(self) -> Vec<Done<'scope>> {
+        assert_eq!(self.done, self.len, "every request of the list finished");
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: the allocation is the request list's, a `Done` has a request's size
+        // and alignment (asserted where `Done` is declared), and all `len` slots hold
+        // results.
+        unsafe { Vec::from_raw_parts(this.ptr.cast::<Done<'scope>>(), this.len, this.cap) }
+    }
+}
+
+impl Drop for InPlace<'_> {
+    fn drop(&mut self) {
+        // SAFETY: slots from `done` to `len` still hold requests, dropped once here; the
+        // results before them own nothing. The allocation is then freed as the request
+        // list it was, with no elements left to drop.
+        unsafe {
+            std::ptr::drop_in_place(std::ptr::slice_from_raw_parts_mut(
+                self.ptr.add(self.done),
+                self.len - self.done,
+            ));
+            drop(Vec::from_raw_parts(self.ptr, 0, self.cap));
+        }
+    }
+}
+
 impl<C: Channel> World<C> {
     /// Runs `f` with a [`Scope`] for non-blocking operations; when `f` returns (or
     /// unwinds), every request it left unfinished is released.
@@ -555,29 +603,46 @@ impl<'scope, 'env, C: Channel> Scope<'scope, 'env, C> {
                 })
                 .collect());
         }
-        let mut done = Vec::with_capacity(rs.len());
+        let n = rs.len();
+        let mut list = InPlace::new(rs);
+        let base = list.ptr;
         let mut first_err = None;
         // Each request's result is taken as soon as it is seen finished: one look at the
-        // engine's table per request.
+        // engine's table per request, and the result written over the request.
         w.wait_each(
-            rs.len(),
+            n,
             |w, i| {
-                let r = &rs[i];
+                debug_assert_eq!(i, list.done, "wait_each asks in order");
+                // SAFETY: `i` is below `n` and not below `list.done` (wait_each asks
+                // each index in order until it answers yes), so slot `i` still holds
+                // its request.
+                let r = unsafe { &*base.add(i) };
                 let Some(result) = self.result_if_done(w, r) else {
                     return false;
                 };
-                match Self::done_of(r, result) {
-                    Ok(d) => done.push(d),
-                    Err(e) => {
-                        first_err.get_or_insert(e);
+                let d = Self::done_of(r, result).unwrap_or_else(|e| {
+                    first_err.get_or_insert(e);
+                    // A stand-in, never seen: the list is dropped for the error.
+                    Done {
+                        status: Status {
+                            source: 0,
+                            tag: 0,
+                            len: 0,
+                        },
+                        lent: Lent::None,
                     }
-                }
+                });
+                // SAFETY: the request is spent (`done_of` made it not live, so its drop
+                // would do nothing) and not read again; its result, of the same size and
+                // alignment, takes its place.
+                unsafe { base.add(i).cast::<Done<'scope>>().write(d) };
+                list.done = i + 1;
                 true
             },
-            |i| rs[i].id,
+            // SAFETY: wait_each names only indices not yet finished, below `n`: requests.
+            |i| unsafe { (*base.add(i)).id },
         )?;
-        // Every one was finished by the wait and is spent: forgotten, as above.
-        rs.into_iter().for_each(std::mem::forget);
+        let done = list.finish();
         first_err.map_or(Ok(done), |e| Err(*e))
     }
 
