@@ -250,6 +250,43 @@ fn child_init_only() {
 // ---------------------------------------------------------------------------------
 // Tests
 
+/// The line-stream example measures each size asked for both ways and says so in JSON,
+/// and refuses a size it cannot stream with its usage.
+#[test]
+fn line_stream_reports_each_size_both_ways_and_refuses_bad_sizes() {
+    let o = Command::new(example("line_stream"))
+        .args(["--sizes", "32,64", "--records", "4096", "--rounds", "1", "--json"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    for size in [32, 64] {
+        let row = out
+            .lines()
+            .find(|l| l.contains(&format!("\"record_bytes\":{size},")))
+            .unwrap_or_else(|| panic!("no row for {size} bytes: {}", text(&o)));
+        for key in ["\"records_per_s\":", "\"locked_add_records_per_s\":"] {
+            let v: f64 = row
+                .split(key)
+                .nth(1)
+                .and_then(|r| r.split([',', '}']).next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no {key} in {row}"));
+            assert!(v > 0.0, "{row}");
+        }
+    }
+    let o = Command::new(example("line_stream"))
+        .args(["--sizes", "12"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("12 is not a multiple of 8"),
+        "{}",
+        text(&o)
+    );
+}
+
 #[test]
 fn examples_run_under_the_launcher() {
     let dir = shm_dir("examples");
