@@ -254,7 +254,7 @@ fn child_init_only() {
 /// and refuses a size it cannot stream with its usage.
 #[test]
 fn line_stream_reports_each_size_both_ways_and_refuses_bad_sizes() {
-    let o = Command::new(example("line_stream"))
+    let o = Command::new(tool_example("line_stream"))
         .args(["--sizes", "32,64", "--records", "4096", "--rounds", "1", "--json"])
         .output()
         .unwrap();
@@ -275,7 +275,7 @@ fn line_stream_reports_each_size_both_ways_and_refuses_bad_sizes() {
             assert!(v > 0.0, "{row}");
         }
     }
-    let o = Command::new(example("line_stream"))
+    let o = Command::new(tool_example("line_stream"))
         .args(["--sizes", "12"])
         .output()
         .unwrap();

@@ -125,12 +125,22 @@ pub fn example(name: &str) -> PathBuf {
 
 /// As [`example`], built with the crate's `features`.
 pub fn example_with(name: &str, features: &[&str]) -> PathBuf {
+    example_of("nemesis", name, features)
+}
+
+/// An example program of the tools crate (`tools/examples`), built as [`example`] is.
+pub fn tool_example(name: &str) -> PathBuf {
+    example_of("nemesis-tools", name, &[])
+}
+
+/// Example `name` of `package`, built with `features` unless prebuilt.
+fn example_of(package: &str, name: &str, features: &[&str]) -> PathBuf {
     let profile_dir = profile_dir();
     if prebuilt() {
         return profile_dir.join("examples").join(name);
     }
     let mut c = Command::new(env!("CARGO"));
-    c.args(["build", "--quiet", "-p", "nemesis", "--example", name]);
+    c.args(["build", "--quiet", "-p", package, "--example", name]);
     if !features.is_empty() {
         c.args(["--features", &features.join(",")]);
     }

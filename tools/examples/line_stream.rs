@@ -5,12 +5,13 @@
 //! whether the two CPUs share a cache. The records of one size lie back to back, so a
 //! record of 32 bytes puts two in a line and one of 64 one.
 //!
-//!   cargo run --release --example line_stream -- [--sizes 16,32,64,128] [--records N]
+//!   cargo run --release -p nemesis-tools --example line_stream -- [--sizes 16,32,64,128] [--records N]
 //!       [--rounds N] [--near-below NS] [--json]
 //!
 //! Each round measures the probe, then every size without and with the locked add; the
 //! medians are taken per size, way and placement over the rounds.
 
+use nemesis_tools::measure::{pair_cpus, pin_to};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -119,36 +120,6 @@ fn parse() -> Result<Args, String> {
     Ok(a)
 }
 
-/// Pins the calling thread to `cpu`.
-fn pin(cpu: usize) -> std::io::Result<()> {
-    // SAFETY: an all-zero cpu_set_t is empty and valid.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: CPU_SET writes one bit of `set`, and checks `cpu` against its size.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: `set` is a valid cpu_set_t of the size given.
-    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
-/// The CPUs this process may run on.
-fn cpus() -> Vec<usize> {
-    // SAFETY: an all-zero cpu_set_t is empty and valid.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid out-pointer of the size given.
-    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-    if rc != 0 {
-        return Vec::new();
-    }
-    // SAFETY: CPU_ISSET only reads the set.
-    (0..libc::CPU_SETSIZE as usize)
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .collect()
-}
-
 /// Runs `far` on a thread pinned to `cpus.1` and `near` here, pinned to `cpus.0`, once
 /// the thread is pinned and running: a thread made on this CPU would otherwise wait out
 /// this one's time slice, inside what `near` times.
@@ -161,11 +132,11 @@ fn on_both<T: Send + 'static>(
     let set = Arc::clone(&ready);
     let t = std::thread::spawn(move || {
         // A failed pin leaves the thread where the scheduler puts it; the probe says where.
-        let _ = pin(cpus.1);
+        let _ = pin_to(cpus.1);
         set.store(true, Ordering::Release);
         far()
     });
-    let _ = pin(cpus.0);
+    let _ = pin_to(cpus.0);
     while !ready.load(Ordering::Acquire) {
         std::thread::yield_now();
     }
@@ -289,12 +260,9 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let cpus = match cpus()[..] {
-        [x, y, ..] => (x, y),
-        _ => {
-            eprintln!("line_stream: needs two CPUs to run on");
-            std::process::exit(1);
-        }
+    let Some(cpus) = pair_cpus() else {
+        eprintln!("line_stream: needs two CPUs to run on");
+        std::process::exit(1);
     };
     let s = Arc::new(Shared {
         ring: (0..WORDS / 8).map(|_| Line::default()).collect(),
