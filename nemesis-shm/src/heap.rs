@@ -191,7 +191,7 @@ impl<'a> FboxAccess<'a> for HeapFboxRef<'a> {
             unsafe { (*p).1 = 0 };
         });
     }
-    unsafe fn read<R>(self, f: impl FnOnce(&Envelope, &[u8]) -> R) -> R {
+    unsafe fn read<R>(self, short: usize, f: impl FnOnce(&Envelope, &[u8], bool) -> R) -> R {
         let (env, len, cap) = self.lane.boxes[self.at].data.with(|p| {
             // SAFETY: the caller acquired the message and the sender waits for our ack.
             let (e, l, buf) = unsafe { &*p };
@@ -201,7 +201,7 @@ impl<'a> FboxAccess<'a> for HeapFboxRef<'a> {
             return self.lane.boxes[self.at].data.with(|p| {
                 // SAFETY: as above.
                 let (_, _, buf) = unsafe { &*p };
-                f(&env, &buf[..len])
+                f(&env, &buf[..len], len <= short)
             });
         }
         let mut bytes = Vec::with_capacity(len);
@@ -215,7 +215,7 @@ impl<'a> FboxAccess<'a> for HeapFboxRef<'a> {
             });
             at += 1;
         }
-        f(&env, &bytes)
+        f(&env, &bytes, len <= short)
     }
 }
 
@@ -298,6 +298,9 @@ impl Region for HeapRegion {
     }
     unsafe fn box_key(&self, lane: usize, i: u64) -> (usize, usize) {
         (lane, (i & (self.fbox_slots as u64 - 1)) as usize)
+    }
+    unsafe fn next_box(&self, (lane, at): (usize, usize)) -> (usize, usize) {
+        (lane, at + 1)
     }
     unsafe fn fbox_at(&self, (lane, at): (usize, usize)) -> HeapFboxRef<'_> {
         HeapFboxRef {

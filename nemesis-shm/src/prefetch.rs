@@ -25,6 +25,12 @@ pub(crate) const MAX_LINES: usize = 128;
 pub(crate) struct Prefetchw(bool);
 
 impl Prefetchw {
+    /// Whether [`for_write`] asks the CPU for anything.
+    #[inline(always)]
+    pub(crate) fn yes(self) -> bool {
+        self.0
+    }
+
     /// What this CPU has.
     pub(crate) fn detect() -> Self {
         #[cfg(all(target_arch = "x86_64", not(nemesis_no_prefetchw)))]

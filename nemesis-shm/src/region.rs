@@ -67,12 +67,17 @@ pub trait FboxAccess<'a>: Copy {
     /// # Safety
     /// As for [`FboxAccess::write`].
     unsafe fn claim(self);
-    /// Reads the message in the box in place.
+    /// Reads the message in the box in place: `f` gets its envelope, its bytes, and
+    /// whether it is at most `short` bytes long. A length written larger than the
+    /// longest message the ring takes is cut to it, so that a corrupt one cannot reach
+    /// past the ring's room; one of at most `short` bytes (the payload one box holds,
+    /// which most messages fit) is taken as it is, so that the common case tests the
+    /// length once.
     ///
     /// # Safety
     /// The caller is the box's receiver, and has loaded `seq` with Acquire and found
-    /// a message it has not acknowledged.
-    unsafe fn read<R>(self, f: impl FnOnce(&Envelope, &[u8]) -> R) -> R;
+    /// a message it has not acknowledged; `short` is at most the longest message.
+    unsafe fn read<R>(self, short: usize, f: impl FnOnce(&Envelope, &[u8], bool) -> R) -> R;
 }
 
 /// One queue cell's contents.
@@ -168,6 +173,19 @@ pub trait Region: Links + Send + Sync {
     /// # Safety
     /// `k` was made by this region.
     unsafe fn box_key(&self, k: Self::FboxKey, i: u64) -> Self::BoxKey;
+    /// The key of the box right after `b` in its ring, without going round: a sender or
+    /// receiver moving on by one box, where a multiply by the box's place would cost
+    /// more. Past the ring's last box the key names no box, and must not be used until
+    /// made again with [`Region::box_key`].
+    ///
+    /// # Safety
+    /// `b` was made by this region.
+    unsafe fn next_box(&self, b: Self::BoxKey) -> Self::BoxKey;
+    /// Whether [`FboxAccess::prepare`] does anything here: a sender that knows it does
+    /// not skips the work of asking.
+    fn prepares(&self) -> bool {
+        false
+    }
     /// A box.
     ///
     /// # Safety

@@ -31,10 +31,14 @@ pub struct ShmChannel {
     local_of: Vec<u32>,
     /// Local index to rank.
     rank_of: Vec<Rank>,
-    /// Rank to the port's lane to it: local peers with fastboxes only. The fast paths
-    /// (a send into the next fastbox, a look in one peer's) go through it with one
-    /// check.
+    /// Rank to the port's lane to it: local peers with fastboxes only. A look into one
+    /// peer's fastbox goes through it with one check.
     lanes: Box<[Option<Lane>]>,
+    /// `lanes`, less the peers whose pending list is not empty (or was not when last
+    /// looked at): the send into the next fastbox goes through it with one check, which
+    /// is also the check that nothing waits before the packet. A lane left out comes
+    /// back at the next slow send to its peer that finds the list empty.
+    fast: Box<[Option<Lane>]>,
     /// Packets waiting for room, per local destination, in order.
     pending: Pending,
     /// Packets to hand up before the port's, in order, with their senders: those we
@@ -201,11 +205,12 @@ impl ShmChannel {
             Policy::from_env()?,
         )?;
         lmt.set_cpus_shared(outnumber(n as u32, usable_cpus()));
-        let lanes = local_of.iter().map(|&l| port.lane(l)).collect();
+        let lanes: Box<[Option<Lane>]> = local_of.iter().map(|&l| port.lane(l)).collect();
         Ok(Self {
             port,
             rank,
             size,
+            fast: lanes.clone(),
             lanes,
             local_of,
             rank_of: local_ranks.to_vec(),
@@ -286,7 +291,8 @@ impl ShmChannel {
     }
 
     /// The fast path of [`Channel::send`]: into the peer's fastbox, if it is local, its
-    /// box is free and nothing waits before it. `false` says only that it did not go.
+    /// box is free and nothing waits before it (`fast`). `false` says only that it did
+    /// not go.
     // Always inlined: the fast path is a few dozen instructions, and a call would add a
     // fifth of that again.
     #[inline(always)]
@@ -296,9 +302,7 @@ impl ShmChannel {
             many => many.iter().map(|p| p.len()).sum(),
         };
         let env = header.to_envelope();
-        if let Some(&Some(lane)) = self.lanes.get(peer as usize)
-            && self.pending.count() == 0
-        {
+        if let Some(&Some(lane)) = self.fast.get(peer as usize) {
             // SAFETY: the lane came from our port; `len` is the payload's total.
             unsafe { self.port.try_fbox_lane(lane, &env, payload, len) }
         } else {
@@ -351,20 +355,17 @@ impl ShmChannel {
                 self.extra = true;
                 Ok(SendStatus::Sent)
             }
-            // With nothing pending, `try_fast_send` has just found the next fastbox busy
-            // (or the packet longer than one box, which the slow path tries in several).
-            _ if self.pending.count() == 0 && self.port.try_send_slow(local, &env, payload, len).is_ok() => {
-                Ok(SendStatus::Sent)
-            }
-            // SAFETY: any other value is another local process's index.
-            _ if self.pending.count() != 0
-                && !self.pending.has(local)
-                && unsafe { self.port.try_send_unchecked(local, &env, payload, len) }.is_ok() =>
-            {
+            // With nothing pending to this peer, `try_fast_send` has just found the next
+            // fastbox past the one-box path's limits (or the packet longer than one box,
+            // which the slow path tries in several), or left the peer out of `fast`
+            // while its list was not empty: the slow path tries every way but the list.
+            _ if !self.pending.has(local) && self.port.try_send_slow(local, &env, payload, len).is_ok() => {
+                self.fast[peer as usize] = self.lanes[peer as usize];
                 Ok(SendStatus::Sent)
             }
             _ => {
                 self.extra = true;
+                self.fast[peer as usize] = None;
                 Ok(SendStatus::Queued(self.pending.push(local, env, payload)))
             }
         }
@@ -376,16 +377,19 @@ impl ShmChannel {
     #[inline(always)]
     fn poll_port<F: FnMut(Packet<'_>)>(&mut self, mut sink: F) -> Result<usize, ChannelError> {
         let rank_of = &self.rank_of;
-        Ok(self.port.poll(move |src, env, payload| {
-            // SAFETY: the port reports sources below its process count, the length of
-            // `rank_of` (checked in `from_segment`).
-            let src = unsafe { *rank_of.get_unchecked(src as usize) };
-            sink(Packet {
-                src,
-                header: Header::from_envelope(env),
-                payload,
-            })
-        })?)
+        Ok(self.port.poll(
+            #[inline(always)]
+            move |src, env, payload| {
+                // SAFETY: the port reports sources below its process count, the length of
+                // `rank_of` (checked in `from_segment`).
+                let src = unsafe { *rank_of.get_unchecked(src as usize) };
+                sink(Packet {
+                    src,
+                    header: Header::from_envelope(env),
+                    payload,
+                })
+            },
+        )?)
     }
 
     /// A poll with [`ShmChannel::poll_extra`]'s work to do first; takes the sink over
@@ -519,13 +523,19 @@ impl Channel for ShmChannel {
         match self.lanes.get(peer as usize) {
             // SAFETY: the lane came from our port.
             Some(&Some(lane)) if !self.extra => unsafe {
-                self.port.poll_fbox_lane(lane, |_, env, payload| {
-                    sink(Packet {
-                        src: peer,
-                        header: Header::from_envelope(env),
-                        payload,
-                    })
-                })
+                self.port.poll_fbox_lane(
+                    lane,
+                    // Inline always: the sink is the caller's match, whose state would
+                    // otherwise be passed through memory.
+                    #[inline(always)]
+                    |_, env, payload| {
+                        sink(Packet {
+                            src: peer,
+                            header: Header::from_envelope(env),
+                            payload,
+                        })
+                    },
+                )
             },
             _ => false,
         }

@@ -11,7 +11,7 @@ use crate::queue::{Consumer, Pop, enqueue};
 use crate::region::{CellAccess, CellMeta, Envelope, Region};
 use crate::variant::{Sound, Variant};
 use crate::wake::Wake;
-use rings::{Rings, holds_due, put_fbox, put_fbox_span, take_fbox, take_run};
+use rings::{Rings, holds_due, put_cold, put_fbox, put_fbox_span, take_fbox, take_run};
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
@@ -302,7 +302,7 @@ impl<R: Region, V: Variant> Port<R, V> {
         let cap = b.fbox_cap;
         // SAFETY: passed on from our caller.
         let peer = unsafe { b.lane_peer(lane) };
-        len <= cap && put_fbox::<R, V>(&*self.region, &self.wake, peer, 1, env, payload, len)
+        len <= cap && put_fbox::<R, V>(&*self.region, &self.wake, peer, env, payload, len)
     }
 
     /// [`Port::poll_fbox_of`] through a lane: hands `f` the next message from its peer
@@ -312,11 +312,9 @@ impl<R: Region, V: Variant> Port<R, V> {
     /// `lane` came from this port's [`Port::lane`].
     #[inline]
     pub unsafe fn poll_fbox_lane<F: FnMut(u32, &Envelope, &[u8])>(&mut self, lane: Lane, mut f: F) -> bool {
-        let b = &mut self.book;
-        let cap = b.fbox_cap;
         // SAFETY: passed on from our caller.
-        let peer = unsafe { b.lane_peer(lane) };
-        take_fbox::<R, V, F>(&*self.region, peer, cap, &mut f)
+        let peer = unsafe { self.book.lane_peer(lane) };
+        take_fbox::<R, V, F>(&*self.region, peer, &mut f)
     }
 
     /// Sends through fastboxes alone, never a cell: the next box, or the next boxes a
@@ -330,12 +328,22 @@ impl<R: Region, V: Variant> Port<R, V> {
         if dest == b.me || dest >= b.n {
             bad_dest(dest, b.me, b.n);
         }
+        let pos = b.pos(dest);
         if len <= b.fbox_cap {
             // SAFETY: checked just above.
-            return unsafe { self.try_fbox_unchecked(dest, env, payload, len) };
+            return unsafe { self.try_fbox_unchecked(dest, env, payload, len) }
+                || self.try_one_cold(pos, env, payload, len);
         }
-        let pos = b.pos(dest);
         len <= b.cell_cap && self.try_span(pos, env, payload, len)
+    }
+
+    /// Puts a message of one box into our ring to the peer at `pos` of the book where the
+    /// one-box path's single comparison said no: past a lap's end, or a ring that looked
+    /// full ([`put_cold`]).
+    #[inline(always)]
+    fn try_one_cold(&mut self, pos: usize, env: &Envelope, payload: &[&[u8]], len: usize) -> bool {
+        let b = &mut self.book;
+        put_cold::<R, V>(&*self.region, &self.wake, &mut b.peers[pos], 1, env, payload, len)
     }
 
     /// Puts a message longer than one box, and no longer than a cell's payload, into the
@@ -346,11 +354,11 @@ impl<R: Region, V: Variant> Port<R, V> {
         put_fbox_span::<R, V>(&*self.region, &self.wake, &mut b.peers[pos], env, payload, len)
     }
 
-    /// The path of [`Port::try_send`] after one fastbox: a message longer than one box
-    /// into the next boxes of the ring if they are free, else a cell from our pool onto
-    /// the receiver's queue. Kept out of line so the one-box path stays small. Public for
-    /// a caller that has just tried that path ([`Port::try_fbox_unchecked`]): a second
-    /// look would only read the receiver's acknowledgement once more.
+    /// The path of [`Port::try_send`] after the one-box path's single comparison: a
+    /// message of one box past a lap's end or into a ring that looked full, or one longer
+    /// than a box, into the next boxes of the ring if they are free, else a cell from our
+    /// pool onto the receiver's queue. Kept out of line so the one-box path stays small.
+    /// Public for a caller that has just tried that path ([`Port::try_fbox_unchecked`]).
     ///
     /// # Panics
     /// As for [`Port::try_send`].
@@ -381,6 +389,8 @@ impl<R: Region, V: Variant> Port<R, V> {
             if self.try_span(pos, env, payload, len) {
                 return Ok(());
             }
+        } else if self.try_one_cold(pos, env, payload, len) {
+            return Ok(());
         }
         let b = &mut self.book;
         let region = &*self.region;
@@ -420,7 +430,7 @@ impl<R: Region, V: Variant> Port<R, V> {
         // taken in one poll, up to a bound, so a stream pays the caller's poll once per
         // run rather than per message.
         for peer in b.peers.iter_mut() {
-            got += take_run::<R, V, F>(region, peer, b.fbox_cap, &mut f);
+            got += take_run::<R, V, F>(region, peer, &mut f);
         }
         // SAFETY: a key of this region.
         if !b.rq.is_empty(unsafe { region.recv_queue_of(b.my) }) {
@@ -473,7 +483,7 @@ impl<R: Region, V: Variant> Port<R, V> {
             if V::SEQ_CHECK && meta.seq != peer.recv_seq as u32 {
                 // Its predecessor went through the fastbox, which was published first.
                 let due = peer.recv_seq;
-                if take_fbox::<R, V, F>(region, peer, b.fbox_cap, f) {
+                if take_fbox::<R, V, F>(region, peer, f) {
                     got += 1;
                     continue;
                 }

@@ -815,16 +815,21 @@ impl<'a> FboxAccess<'a> for SegFbox<'a> {
         unsafe { addr_of_mut!((*self.head).len).write(0) };
     }
     #[inline(always)]
-    unsafe fn read<R>(self, f: impl FnOnce(&Envelope, &[u8]) -> R) -> R {
+    unsafe fn read<R>(self, short: usize, f: impl FnOnce(&Envelope, &[u8], bool) -> R) -> R {
         let h = self.head;
         // SAFETY: the caller acquired the message; the sender leaves it alone until acked.
-        // The length is clamped to the longest span, so a corrupt one cannot reach past
-        // the ring's room.
+        // The length is clamped to the longest span (which `short` is not above), so a
+        // corrupt one cannot reach past the ring's room.
         unsafe {
             let env = addr_of!((*h).env).read();
-            let len = (addr_of!((*h).len).read() as usize).min(self.hot.fbox_span_capacity);
-            let data = core::slice::from_raw_parts(h.cast::<u8>().add(FBOX_HEADER as usize), len);
-            f(&env, data)
+            let raw = addr_of!((*h).len).read() as usize;
+            let at = h.cast::<u8>().add(FBOX_HEADER as usize);
+            if raw <= short {
+                f(&env, core::slice::from_raw_parts(at, raw), true)
+            } else {
+                let len = raw.min(self.hot.fbox_span_capacity);
+                f(&env, core::slice::from_raw_parts(at, len), false)
+            }
         }
     }
 }
@@ -983,6 +988,18 @@ impl Region for Segment {
         // SAFETY: the caller passes a key of this segment, the ring's first box; the mask
         // keeps the index inside the ring.
         BoxKey(unsafe { k.0.add(at).cast() })
+    }
+    #[inline(always)]
+    unsafe fn next_box(&self, b: BoxKey) -> BoxKey {
+        // SAFETY: `b` is a box of one of the segment's rings, so one stride on is still in
+        // the mapping: the next box, the ring's room for a long message's rest, the next
+        // ring's head, or the collective blocks after the last ring. Past the ring's last
+        // box the key is never used as a box until made again (the trait's contract).
+        BoxKey(unsafe { b.0.byte_add(self.hot.fbox_stride) })
+    }
+    #[inline(always)]
+    fn prepares(&self) -> bool {
+        self.hot.prefetchw.yes()
     }
     #[inline(always)]
     unsafe fn fbox_at(&self, b: BoxKey) -> SegFbox<'_> {

@@ -118,7 +118,11 @@ impl<C: Channel> World<C> {
                 };
                 let (ch, mut others) = self.core.split();
                 let eng = &mut self.eng;
-                if ch.poll_from(s, |p| f.offer(eng, &mut others, p)) {
+                if ch.poll_from(
+                    s,
+                    #[inline(always)]
+                    |p| f.offer(eng, &mut others, p),
+                ) {
                     if let Some(Found::Eager { src, tag, len }) = f.found
                         && !eng.chores
                     {

@@ -316,7 +316,10 @@ impl<C: Channel> World<C> {
         self.release_dropped();
         let (ch, mut others) = self.core.split();
         let eng = &mut self.eng;
-        let n = ch.poll(|p| dispatch_inline(eng, &mut others, p))?;
+        let n = ch.poll(
+            #[inline(always)]
+            |p| dispatch_inline(eng, &mut others, p),
+        )?;
         self.settle()?;
         Ok(n)
     }
