@@ -382,6 +382,18 @@ pub trait Channel {
         self.send(peer, header, &[payload])
     }
 
+    /// Sends one contiguous payload if the transport takes it at once by its quickest
+    /// way (the next fastbox, with nothing queued for `peer`), and says whether it did.
+    /// False means nothing was sent or queued: the caller sends the packet with
+    /// [`Channel::send_bytes`], which reports what went wrong if anything did. A layer's
+    /// fast path asks this first, so that its common packet carries no result through
+    /// memory. The default takes nothing.
+    #[inline]
+    fn try_send_now(&mut self, peer: Rank, header: Header, payload: &[u8]) -> bool {
+        let _ = (peer, header, payload);
+        false
+    }
+
     /// Polls until at least one packet arrived or `timeout` passed; returns how many.
     fn poll_wait<F: FnMut(Packet<'_>)>(
         &mut self,
@@ -480,6 +492,10 @@ impl<C: Channel + ?Sized> Channel for &mut C {
     #[inline(always)]
     fn send_bytes(&mut self, peer: Rank, header: Header, payload: &[u8]) -> Result<SendStatus, ChannelError> {
         (**self).send_bytes(peer, header, payload)
+    }
+    #[inline(always)]
+    fn try_send_now(&mut self, peer: Rank, header: Header, payload: &[u8]) -> bool {
+        (**self).try_send_now(peer, header, payload)
     }
     fn poll_wait<F: FnMut(Packet<'_>)>(
         &mut self,
@@ -605,6 +621,10 @@ mod tests {
             self.ran.push("send_bytes");
             Ok(SendStatus::Sent)
         }
+        fn try_send_now(&mut self, _: Rank, _: Header, _: &[u8]) -> bool {
+            self.ran.push("try_send_now");
+            true
+        }
         fn is_sent(&self, _: SendTicket) -> bool {
             true
         }
@@ -640,6 +660,7 @@ mod tests {
 
     /// Goes through whatever channel type it is given, as a `World<C>` does.
     fn use_generically<C: Channel>(mut ch: C) {
+        assert!(ch.try_send_now(0, Header::default(), b"x"));
         ch.send_bytes(0, Header::default(), b"x").unwrap();
         ch.poll_wait(|_| {}, Some(Duration::ZERO)).unwrap();
         ch.poll_landing(&mut |_: Packet<'_>| {}).unwrap();
@@ -650,6 +671,9 @@ mod tests {
     fn a_borrowed_channel_keeps_its_overrides() {
         let mut ch = Overrides::default();
         use_generically(&mut ch);
-        assert_eq!(ch.ran, ["send_bytes", "poll_wait", "poll_landing", "flush"]);
+        assert_eq!(
+            ch.ran,
+            ["try_send_now", "send_bytes", "poll_wait", "poll_landing", "flush"]
+        );
     }
 }

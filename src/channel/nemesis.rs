@@ -414,6 +414,12 @@ impl Channel for NemesisChannel {
         self.send_slow(peer, header, &[payload]).map_err(|e| *e)
     }
 
+    #[inline(always)]
+    fn try_send_now(&mut self, peer: Rank, header: Header, payload: &[u8]) -> bool {
+        self.shm
+            .try_fast_send(peer, header, std::slice::from_ref(&payload))
+    }
+
     fn is_sent(&self, ticket: SendTicket) -> bool {
         match &self.net {
             Some(n) if ticket.net => n.pending.is_sent(ticket),

@@ -474,6 +474,11 @@ impl Channel for ShmChannel {
         self.send_slow(peer, header, payload)
     }
 
+    #[inline(always)]
+    fn try_send_now(&mut self, peer: Rank, header: Header, payload: &[u8]) -> bool {
+        self.try_fast_send(peer, header, std::slice::from_ref(&payload))
+    }
+
     fn is_sent(&self, ticket: SendTicket) -> bool {
         self.pending.is_sent(ticket)
     }

@@ -3,10 +3,14 @@
 //! and without a locked add on a line of the sender's after each record (what the
 //! doorbell's ring costs a sender), beside a ping-pong on one line (the probe) that says
 //! whether the two CPUs share a cache. The records of one size lie back to back, so a
-//! record of 32 bytes puts two in a line and one of 64 one.
+//! record of 32 bytes puts two in a line and one of 64 one. `--stride` spreads them
+//! out instead, a record at every so many bytes, as a ring of fastboxes puts a short
+//! message at the start of each box; `--prefetchw` has the sender ask for the next
+//! record's first line for writing after each record, as a fastbox send prepares the
+//! next box. Both ask what of the ring's shape holds a stream back.
 //!
 //!   cargo run --release -p nemesis-tools --example line_stream -- [--sizes 16,32,64,128] [--records N]
-//!       [--rounds N] [--near-below NS] [--json]
+//!       [--rounds N] [--stride BYTES] [--prefetchw] [--near-below NS] [--json]
 //!
 //! Each round measures the probe, then every size without and with the locked add; the
 //! medians are taken per size, way and placement over the rounds.
@@ -25,6 +29,10 @@ struct Line([AtomicU64; 8]);
 /// Words in the ring: 256 KiB, more than a CPU's first-level cache and less than its
 /// second.
 const WORDS: usize = 1 << 15;
+/// The longest record, and the widest stride: the ring holds at least twice
+/// [`ACK_EVERY`] records, so that the sender never waits for an acknowledgement that
+/// the receiver gives only after records the sender has no room for.
+const MAX_STRIDE: usize = WORDS * 8 / (2 * ACK_EVERY as usize);
 /// The receiver says how far it has read once per this many records, as a window's
 /// acknowledgement would.
 const ACK_EVERY: u64 = 64;
@@ -51,15 +59,23 @@ impl Shared {
 
 struct Args {
     sizes: Vec<usize>,
+    /// Bytes from one record's start to the next's; 0: the record's size.
+    stride: usize,
+    prefetchw: bool,
     records: u64,
     rounds: usize,
     near_below: f64,
     json: bool,
 }
 
-const USAGE: &str =
-    "usage: line_stream [--sizes 16,32,64,128] [--records N] [--rounds N] [--near-below NS] [--json]
-  --sizes       record sizes in bytes, multiples of 8 from 16 to 4096 (default 16,32,64,128)
+const USAGE: &str = "usage: line_stream [--sizes 16,32,64,128] [--records N] [--rounds N] [--stride BYTES]
+                   [--prefetchw] [--near-below NS] [--json]
+  --sizes       record sizes in bytes, multiples of 8 from 16 to 2048 (default 16,32,64,128)
+  --stride      bytes from one record's start to the next's, a multiple of 64 up to 2048 and
+                at least every size (default: each size, records back to back); 1152 is where
+                a ring of fastboxes puts consecutive short messages
+  --prefetchw   after each record the sender asks for the next one's first line for writing,
+                as a fastbox send prepares the next box (x86-64 CPUs with PREFETCHW)
   --records     records per stream (default 4000000)
   --rounds      rounds, each with its probe (default 5)
   --near-below  the probe's one-way ns below which the CPUs count as sharing a cache (default 130)
@@ -68,6 +84,8 @@ const USAGE: &str =
 fn parse() -> Result<Args, String> {
     let mut a = Args {
         sizes: vec![16, 32, 64, 128],
+        stride: 0,
+        prefetchw: false,
         records: 4_000_000,
         rounds: 5,
         near_below: 130.0,
@@ -91,9 +109,30 @@ fn parse() -> Result<Args, String> {
                             .map_err(|e| format!("--sizes {s:?}: {e}"))
                     })
                     .collect::<Result<_, _>>()?;
-                if let Some(s) = a.sizes.iter().find(|&&s| !(16..=4096).contains(&s) || s % 8 != 0) {
-                    return Err(format!("--sizes: {s} is not a multiple of 8 from 16 to 4096"));
+                if let Some(s) = a
+                    .sizes
+                    .iter()
+                    .find(|&&s| !(16..=MAX_STRIDE).contains(&s) || s % 8 != 0)
+                {
+                    return Err(format!(
+                        "--sizes: {s} is not a multiple of 8 from 16 to {MAX_STRIDE}"
+                    ));
                 }
+            }
+            "--stride" => {
+                a.stride = value("--stride")?.parse().map_err(|e| format!("--stride: {e}"))?;
+                if a.stride == 0 || a.stride % 64 != 0 || a.stride > MAX_STRIDE {
+                    return Err(format!(
+                        "--stride: {} is not a multiple of 64 up to {MAX_STRIDE}",
+                        a.stride
+                    ));
+                }
+            }
+            "--prefetchw" => {
+                if !has_prefetchw() {
+                    return Err("--prefetchw: this CPU has no PREFETCHW".into());
+                }
+                a.prefetchw = true;
             }
             "--records" => {
                 a.records = value("--records")?
@@ -116,6 +155,9 @@ fn parse() -> Result<Args, String> {
             }
             other => return Err(format!("unknown argument {other:?}")),
         }
+    }
+    if let Some(s) = a.sizes.iter().find(|&&s| a.stride != 0 && s > a.stride) {
+        return Err(format!("--stride: {} is shorter than the size {s}", a.stride));
     }
     Ok(a)
 }
@@ -185,12 +227,29 @@ fn probe_batch(s: &Arc<Shared>, cpus: (usize, usize)) -> f64 {
     ns
 }
 
-/// Records a second of one stream of `records` records of `size` bytes. Each record's
-/// first word is its number plus one, stored last with Release; the receiver waits for
-/// it with Acquire, then reads the rest.
-fn stream(s: &Arc<Shared>, cpus: (usize, usize), size: usize, records: u64, locked: bool) -> f64 {
+/// How one stream lays out and sends its records.
+#[derive(Clone, Copy)]
+struct Way {
+    size: usize,
+    /// Bytes from a record's start to the next's, at least `size`.
+    stride: usize,
+    locked: bool,
+    prefetchw: bool,
+}
+
+/// Records a second of one stream of `records` records laid out and sent as `way`
+/// says. Each record's first word is its number plus one, stored last with Release; the
+/// receiver waits for it with Acquire, then reads the rest.
+fn stream(s: &Arc<Shared>, cpus: (usize, usize), way: Way, records: u64) -> f64 {
+    let Way {
+        size,
+        stride,
+        locked,
+        prefetchw,
+    } = way;
     let per = size / 8;
-    let slots = (WORDS / per) as u64;
+    let step = stride / 8;
+    let slots = (WORDS / step) as u64;
     for l in s.ring.iter() {
         for w in &l.0 {
             w.store(0, Ordering::Relaxed);
@@ -204,7 +263,7 @@ fn stream(s: &Arc<Shared>, cpus: (usize, usize), size: usize, records: u64, lock
         move || {
             let mut sum = 0u64;
             for i in 0..records {
-                let at = (i % slots) as usize * per;
+                let at = (i % slots) as usize * step;
                 while other.word(at).load(Ordering::Acquire) != i + 1 {
                     std::hint::spin_loop();
                 }
@@ -226,11 +285,14 @@ fn stream(s: &Arc<Shared>, cpus: (usize, usize), size: usize, records: u64, lock
                 while i + ACK_EVERY >= read + slots {
                     read = s.read.0[0].load(Ordering::Acquire);
                 }
-                let at = (i % slots) as usize * per;
+                let at = (i % slots) as usize * step;
                 for k in 1..per {
                     s.word(at + k).store(i, Ordering::Relaxed);
                 }
                 s.word(at).store(i + 1, Ordering::Release);
+                if prefetchw {
+                    prefetch_for_write(s.word(((i + 1) % slots) as usize * step));
+                }
                 if locked {
                     s.bell.0[0].fetch_add(4, Ordering::AcqRel);
                 }
@@ -240,6 +302,33 @@ fn stream(s: &Arc<Shared>, cpus: (usize, usize), size: usize, records: u64, lock
     );
     std::hint::black_box(sum);
     rate
+}
+
+/// Whether the CPU has PREFETCHW (CPUID 8000_0001h, ECX bit 8).
+fn has_prefetchw() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::__cpuid;
+        // SAFETY: CPUID exists on every x86_64 CPU (the call is safe on newer compilers).
+        #[allow(unused_unsafe)]
+        let (max, ecx) = unsafe { (__cpuid(0x8000_0000).eax, __cpuid(0x8000_0001).ecx) };
+        max >= 0x8000_0001 && ecx & (1 << 8) != 0
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Asks for the line of `w` for writing, without waiting for it.
+#[inline(always)]
+fn prefetch_for_write(w: &AtomicU64) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHW reads and writes nothing the program can see and does not
+    // fault; `--prefetchw` is refused where the CPU lacks it.
+    unsafe {
+        std::arch::asm!("prefetchw [{0}]", in(reg) w.as_ptr(), options(nostack, readonly, preserves_flags))
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = w;
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -284,7 +373,13 @@ fn main() {
         for &size in &a.sizes {
             let mut both = [0.0; 2];
             for (locked, r) in [false, true].into_iter().zip(&mut both) {
-                *r = stream(&s, cpus, size, a.records, locked);
+                let way = Way {
+                    size,
+                    stride: if a.stride == 0 { size } else { a.stride },
+                    locked,
+                    prefetchw: a.prefetchw,
+                };
+                *r = stream(&s, cpus, way, a.records);
                 rates.entry((place, size, locked)).or_default().push(*r);
             }
             said += &format!(", {size} B {:.1} ({:.1} locked)", both[0] / 1e6, both[1] / 1e6);
@@ -293,8 +388,19 @@ fn main() {
     }
     if !a.json {
         println!(
-            "# records a second through a ring of lines between two pinned threads (cpus {} and {})",
-            cpus.0, cpus.1
+            "# records a second through a ring of lines between two pinned threads (cpus {} and {}); {}{}",
+            cpus.0,
+            cpus.1,
+            if a.stride == 0 {
+                "records back to back".to_string()
+            } else {
+                format!("a record every {} bytes", a.stride)
+            },
+            if a.prefetchw {
+                ", the next record's line prefetched for writing"
+            } else {
+                ""
+            }
         );
         println!("#  bytes  placement  rounds  probe ns       plain   locked add   locked/plain");
     }
@@ -307,7 +413,9 @@ fn main() {
             let locked = median(rates.get_mut(&(place, size, true)).expect("measured"));
             if a.json {
                 println!(
-                    "{{\"bench\":\"line_stream\",\"record_bytes\":{size},\"placement\":\"{place}\",\"rounds\":{n},\"probe_ns\":{probe_ns:.1},\"records_per_s\":{plain:.0},\"locked_add_records_per_s\":{locked:.0},\"locked_ratio\":{:.3}}}",
+                    "{{\"bench\":\"line_stream\",\"record_bytes\":{size},\"stride_bytes\":{},\"prefetchw\":{},\"placement\":\"{place}\",\"rounds\":{n},\"probe_ns\":{probe_ns:.1},\"records_per_s\":{plain:.0},\"locked_add_records_per_s\":{locked:.0},\"locked_ratio\":{:.3}}}",
+                    if a.stride == 0 { size } else { a.stride },
+                    a.prefetchw,
                     locked / plain
                 );
             } else {

@@ -45,10 +45,10 @@ impl<C: Channel> World<C> {
         if buf.len() <= self.eager_at_once
             && let Some(&d) = c.ranks.get(dest as usize)
         {
-            return match self.core.ch.send_bytes(d, wire::eager(ctx, tag), buf) {
-                Ok(_) => Ok(()),
-                Err(e) => Err(e.into()),
-            };
+            if self.core.ch.try_send_now(d, wire::eager(ctx, tag), buf) {
+                return Ok(());
+            }
+            return self.send_eager_slow(d, ctx, tag, buf);
         }
         self.send_large(c, ctx, dest, tag, buf)
     }

@@ -178,15 +178,35 @@ impl<C: Channel> World<C> {
         bufs: &Bufs,
         len: usize,
     ) -> Result<(), P2pError> {
-        let h = wire::eager(ctx, tag);
         match bufs {
             Bufs::One(s) if !s.ptr.is_null() => {
                 // SAFETY: the caller lends the buffer for this call.
                 let data = unsafe { std::slice::from_raw_parts(s.ptr.cast_const(), s.len) };
-                self.core.ch.send_bytes(d, h, data)?
+                if self.core.ch.try_send_now(d, wire::eager(ctx, tag), data) {
+                    return Ok(());
+                }
+                self.send_eager_slow(d, ctx, tag, data)
             }
-            b => self.core.ch.send(d, h, &b.slices(0, len))?,
-        };
+            b => {
+                self.core.ch.send(d, wire::eager(ctx, tag), &b.slices(0, len))?;
+                Ok(())
+            }
+        }
+    }
+
+    /// An eager packet that the channel's quickest way did not take
+    /// ([`Channel::try_send_now`]): through its full send, which queues it or says what
+    /// went wrong. Out of line, and given the header's parts rather than the header, so
+    /// that the common send keeps neither a result nor a header in memory.
+    #[inline(never)]
+    pub(crate) fn send_eager_slow(
+        &mut self,
+        d: u32,
+        ctx: u32,
+        tag: i32,
+        data: &[u8],
+    ) -> Result<(), P2pError> {
+        self.core.ch.send_bytes(d, wire::eager(ctx, tag), data)?;
         Ok(())
     }
 
