@@ -313,6 +313,20 @@ pub trait Channel {
         false
     }
 
+    /// [`Channel::poll_from`] for a packet that `want(header, payload length)` accepts:
+    /// one it does not is left where it is, for the next poll, and the call says false.
+    /// For a receiver whose sink is cheap only for the packet it expects. The default
+    /// finds nothing.
+    #[inline]
+    fn poll_from_if<W, F>(&mut self, peer: Rank, want: W, sink: F) -> bool
+    where
+        W: FnOnce(&Header, usize) -> bool,
+        F: FnMut(Packet<'_>),
+    {
+        let _ = (peer, want, sink);
+        false
+    }
+
     /// Waits until a poll may find something, or `timeout` passes: first spinning, then
     /// yielding, then asleep until a peer rings. May return early.
     fn wait(&mut self, timeout: Option<Duration>) -> Result<(), ChannelError>;
@@ -542,6 +556,14 @@ impl<C: Channel + ?Sized> Channel for &mut C {
     #[inline(always)]
     fn poll_from<F: FnMut(Packet<'_>)>(&mut self, peer: Rank, sink: F) -> bool {
         (**self).poll_from(peer, sink)
+    }
+    #[inline(always)]
+    fn poll_from_if<W, F>(&mut self, peer: Rank, want: W, sink: F) -> bool
+    where
+        W: FnOnce(&Header, usize) -> bool,
+        F: FnMut(Packet<'_>),
+    {
+        (**self).poll_from_if(peer, want, sink)
     }
     #[inline(always)]
     fn wait(&mut self, timeout: Option<Duration>) -> Result<(), ChannelError> {

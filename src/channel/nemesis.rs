@@ -480,6 +480,15 @@ impl Channel for NemesisChannel {
         self.shm.poll_from(peer, sink)
     }
 
+    #[inline(always)]
+    fn poll_from_if<W, F>(&mut self, peer: Rank, want: W, sink: F) -> bool
+    where
+        W: FnOnce(&Header, usize) -> bool,
+        F: FnMut(Packet<'_>),
+    {
+        self.shm.poll_from_if(peer, want, sink)
+    }
+
     fn wait(&mut self, timeout: Option<Duration>) -> Result<(), ChannelError> {
         let Some(net) = self.net.as_mut() else {
             return self.shm.wait(timeout);

@@ -8,7 +8,7 @@ use nemesis_lmt::{LocalLmt, Policy};
 use nemesis_shm::config::shm_dir;
 use nemesis_shm::pairbuf::PairBufs;
 use nemesis_shm::wake::{SocketWake, WakeSocket};
-use nemesis_shm::{Geometry, JoinSpec, Lane, PeerState, Port, Segment};
+use nemesis_shm::{Envelope, Geometry, JoinSpec, Lane, PeerState, Port, Segment};
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
@@ -392,6 +392,16 @@ impl ShmChannel {
         )?)
     }
 
+    /// The lane to `peer` when its fastbox may be looked at alone: not while a full poll
+    /// has more to do ([`Channel::poll_from`]).
+    #[inline(always)]
+    fn lone_lane(&self, peer: Rank) -> Option<Lane> {
+        match self.lanes.get(peer as usize) {
+            Some(&Some(lane)) if !self.extra => Some(lane),
+            _ => None,
+        }
+    }
+
     /// A poll with [`ShmChannel::poll_extra`]'s work to do first; takes the sink over
     /// (see [`ShmChannel::poll_port`]).
     #[inline(never)]
@@ -524,25 +534,33 @@ impl Channel for ShmChannel {
     /// a full poll has more to do (sends waiting in the pending lists, which only it moves
     /// on, or held packets, which come before anything newer from their sender).
     #[inline]
-    fn poll_from<F: FnMut(Packet<'_>)>(&mut self, peer: Rank, mut sink: F) -> bool {
-        match self.lanes.get(peer as usize) {
+    fn poll_from<F: FnMut(Packet<'_>)>(&mut self, peer: Rank, sink: F) -> bool {
+        match self.lone_lane(peer) {
             // SAFETY: the lane came from our port.
-            Some(&Some(lane)) if !self.extra => unsafe {
-                self.port.poll_fbox_lane(
+            Some(lane) => unsafe { self.port.poll_fbox_lane(lane, from_lane(peer, sink)) },
+            None => false,
+        }
+    }
+
+    /// [`ShmChannel::poll_from`] for a packet that `want` accepts, decided on its
+    /// header and length before anything of it is handed up.
+    #[inline]
+    fn poll_from_if<W, F>(&mut self, peer: Rank, want: W, sink: F) -> bool
+    where
+        W: FnOnce(&Header, usize) -> bool,
+        F: FnMut(Packet<'_>),
+    {
+        match self.lone_lane(peer) {
+            // SAFETY: the lane came from our port.
+            Some(lane) => unsafe {
+                self.port.poll_fbox_lane_if(
                     lane,
-                    // Inline always: the sink is the caller's match, whose state would
-                    // otherwise be passed through memory.
                     #[inline(always)]
-                    |_, env, payload| {
-                        sink(Packet {
-                            src: peer,
-                            header: Header::from_envelope(env),
-                            payload,
-                        })
-                    },
+                    |env, len| want(&Header::from_envelope(env), len),
+                    from_lane(peer, sink),
                 )
             },
-            _ => false,
+            None => false,
         }
     }
 
@@ -645,6 +663,21 @@ impl Channel for ShmChannel {
     }
 }
 
+/// The port's sink for a packet from `peer`'s lane, made a [`Packet`] for `sink`. Inline
+/// always: the sink is the caller's match, whose state would otherwise be passed through
+/// memory.
+#[inline(always)]
+fn from_lane<F: FnMut(Packet<'_>)>(peer: Rank, mut sink: F) -> impl FnMut(u32, &Envelope, &[u8]) {
+    #[inline(always)]
+    move |_, env, payload| {
+        sink(Packet {
+            src: peer,
+            header: Header::from_envelope(env),
+            payload,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -698,6 +731,37 @@ mod tests {
         // The largest packet is fine.
         j[0].send_bytes(1, tag(1), &big[..max]).unwrap();
         assert_eq!(recv_all(&mut j[1])[0].2.len(), max);
+    }
+
+    #[test]
+    fn a_packet_from_a_peer_is_taken_only_when_wanted_and_else_left_for_the_poll() {
+        let mut j = local_job(2, Geometry::default());
+        j[0].send_bytes(1, tag(7), b"seven").unwrap();
+        j[0].send_bytes(1, tag(8), b"eight").unwrap();
+        let mut asked = Vec::new();
+        assert!(!j[1].poll_from_if(
+            0,
+            |h, len| {
+                asked.push((h.tag, len));
+                h.tag == 8
+            },
+            |_| panic!("not wanted")
+        ));
+        assert_eq!(asked, [(7, 5)], "asked of the next packet alone, with its length");
+        let mut got = Vec::new();
+        assert!(j[1].poll_from_if(
+            0,
+            |h, _| h.tag == 7,
+            |p| got.push((p.src, p.header, p.payload.to_vec()))
+        ));
+        assert_eq!(got, [(0, tag(7), b"seven".to_vec())]);
+        assert_eq!(recv_all(&mut j[1]), [(0, tag(8), b"eight".to_vec())]);
+        assert!(!j[1].poll_from_if(0, |_, _| true, |_| panic!("nothing more")));
+        // Not from ourselves, nor from a rank that is not there.
+        j[1].send_bytes(1, tag(9), b"me").unwrap();
+        assert!(!j[1].poll_from_if(1, |_, _| true, |_| panic!("not by a lane")));
+        assert!(!j[1].poll_from_if(5, |_, _| true, |_| panic!("no such rank")));
+        assert_eq!(recv_all(&mut j[1]), [(1, tag(9), b"me".to_vec())]);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use crate::queue::{Consumer, Pop, enqueue};
 use crate::region::{CellAccess, CellMeta, Envelope, Region};
 use crate::variant::{Sound, Variant};
 use crate::wake::Wake;
-use rings::{Rings, holds_due, put_cold, put_fbox, put_fbox_span, take_fbox, take_run};
+use rings::{Rings, holds_due, put_cold, put_fbox, put_fbox_span, take_fbox, take_fbox_if, take_run};
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
@@ -315,6 +315,22 @@ impl<R: Region, V: Variant> Port<R, V> {
         // SAFETY: passed on from our caller.
         let peer = unsafe { self.book.lane_peer(lane) };
         take_fbox::<R, V, F>(&*self.region, peer, &mut f)
+    }
+
+    /// [`Port::poll_fbox_lane`] for a message that `want(env, len)` accepts; one it does
+    /// not stays due, for the next poll, and the call says false.
+    ///
+    /// # Safety
+    /// `lane` came from this port's [`Port::lane`].
+    #[inline]
+    pub unsafe fn poll_fbox_lane_if<W, F>(&mut self, lane: Lane, want: W, mut f: F) -> bool
+    where
+        W: FnOnce(&Envelope, usize) -> bool,
+        F: FnMut(u32, &Envelope, &[u8]),
+    {
+        // SAFETY: passed on from our caller.
+        let peer = unsafe { self.book.lane_peer(lane) };
+        take_fbox_if::<R, V, W, F>(&*self.region, peer, want, &mut f)
     }
 
     /// Sends through fastboxes alone, never a cell: the next box, or the next boxes a

@@ -395,6 +395,47 @@ pub(super) fn take_fbox<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
     true
 }
 
+/// [`take_fbox`] for a message that `want` accepts, given its envelope and length: one
+/// it does not stays in its box, due, for the next poll. For a caller whose sink is
+/// cheap only for the messages it expects, and which would otherwise have to carry
+/// everything any message might need.
+#[inline(always)]
+pub(super) fn take_fbox_if<R: Region, V: Variant, W, F>(
+    region: &R,
+    peer: &mut Peer<R>,
+    want: W,
+    f: &mut F,
+) -> bool
+where
+    W: FnOnce(&Envelope, usize) -> bool,
+    F: FnMut(u32, &Envelope, &[u8]),
+{
+    let Some((index, r, recv_seq)) = receiving(peer) else {
+        return false;
+    };
+    let Some(mut at) = first_due::<R, V>(region, r, recv_seq) else {
+        return false;
+    };
+    // SAFETY: the message due was seen published there; reading it acknowledges nothing.
+    let wanted = unsafe {
+        region
+            .fbox_at(at.at)
+            .read(region.fbox_capacity(), |env, data, _| want(env, data.len()))
+    };
+    if !wanted {
+        rare();
+        // The lap marks passed on the way were handed back to the sender.
+        if at.due != *recv_seq {
+            at.store(r, recv_seq);
+        }
+        return false;
+    }
+    // SAFETY: as above.
+    let len = unsafe { deliver::<R, V, F>(region, index, r, recv_seq, &mut at, f, true) };
+    after_taking(region, r, len);
+    true
+}
+
 /// Delivers the messages that wait in the next boxes of the peer's ring to us, at most
 /// [`FBOX_RUN`]; returns how many. [`take_fbox`] in a loop, with the next box, the number
 /// due and the count of boxes taken carried from one message to the next rather than

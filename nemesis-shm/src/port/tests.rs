@@ -151,6 +151,58 @@ fn short_messages_keep_to_the_lap_and_long_ones_use_the_whole_ring() {
 }
 
 #[test]
+fn a_lane_taken_only_when_wanted_leaves_the_rest_due_past_a_lap_mark() {
+    // Eight boxes of 16 bytes, messages of one box in the first four of each lap.
+    let r = Arc::new(HeapRegion::with_fbox_slots(2, 8, 64, 16, 8).with_fbox_lap(4));
+    let (mut a, mut b) = (Port::new(r.clone(), 0), Port::new(r, 1));
+    let to_a = b.lane(0).unwrap();
+    let m = [4u8; 16];
+    for i in 0..4u64 {
+        a.try_send(1, &[i, 0], &[&m], 16).unwrap();
+    }
+    assert_eq!(drain(&mut b).len(), 4);
+    // Past the lap: the mark in box 4, the message in box 0 of the next lap.
+    a.try_send(1, &[4, 0], &[&m[..5]], 5).unwrap();
+    let mut seen = None;
+    // SAFETY: a lane of the port it is used with.
+    let taken = unsafe {
+        b.poll_fbox_lane_if(
+            to_a,
+            |env, len| {
+                seen = Some((env[0], len));
+                false
+            },
+            |_, _, _| panic!("not wanted"),
+        )
+    };
+    assert!(!taken, "an unwanted message is left");
+    assert_eq!(seen, Some((4, 5)), "asked with its envelope and length");
+    assert_eq!(b.rings_to(0).map(|r| r.taken()), Some(8), "the mark is passed");
+    // The sender refills the lap the mark handed back; the message left is still due.
+    for i in 5..8u64 {
+        a.try_send(1, &[i, 0], &[&m], 16).unwrap();
+    }
+    assert_eq!(a.cells_for(1), 8, "every message went by fastbox");
+    let mut got = Vec::new();
+    // SAFETY: as above.
+    let taken = unsafe {
+        b.poll_fbox_lane_if(
+            to_a,
+            |env, _| env[0] == 4,
+            |s, env, d| got.push((s, env[0], d.to_vec())),
+        )
+    };
+    assert!(taken);
+    assert_eq!(got, vec![(0, 4, m[..5].to_vec())]);
+    assert_eq!(
+        drain(&mut b).iter().map(|m| m.1).collect::<Vec<_>>(),
+        vec![5, 6, 7]
+    );
+    // SAFETY: as above.
+    assert!(!unsafe { b.poll_fbox_lane_if(to_a, |_, _| true, |_, _, _| panic!("nothing more")) });
+}
+
+#[test]
 fn a_message_by_cell_after_a_lap_mark_waits_for_the_mark() {
     let r = Arc::new(HeapRegion::with_fbox_slots(2, 8, 64, 16, 8).with_fbox_lap(4));
     let (mut a, mut b) = (Port::new(r.clone(), 0), Port::new(r, 1));

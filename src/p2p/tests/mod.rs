@@ -892,3 +892,79 @@ mod medium;
 mod stream;
 
 pub(super) use large::raw_rts;
+
+/// Two worlds of this thread on one segment, so that what one sends waits in the other's
+/// fastbox before the other looks: the blocking receive's first look at the source's
+/// fastbox is what is tested.
+fn worlds_of_one_thread() -> (World<NemesisChannel>, World<NemesisChannel>) {
+    let seg = Arc::new(Segment::anonymous(2, Geometry::default()).unwrap());
+    let p = WaitPolicy {
+        spin: 10,
+        yields: 1,
+        slice: Duration::from_millis(1),
+    };
+    let ch = |r| {
+        NemesisChannel::with_netmod(
+            ShmChannel::from_segment(seg.clone(), r, 2, &[0, 1], r, p).unwrap(),
+            None,
+        )
+    };
+    (World::new(ch(0)).unwrap(), World::new(ch(1)).unwrap())
+}
+
+#[test]
+fn a_blocking_receive_takes_from_the_fastbox_only_what_it_selects() {
+    let (mut a, mut b) = worlds_of_one_thread();
+    let (ca, cb) = (a.comm(), b.comm());
+    // Another tag ahead of the one asked for: kept for its own receive.
+    a.send(&ca, 1, 1, b"one").unwrap();
+    a.send(&ca, 1, 2, b"two").unwrap();
+    let mut buf = [0u8; 8];
+    let st = b.recv(&cb, 0, 2, &mut buf).unwrap();
+    assert_eq!((st.tag, st.len, &buf[..3]), (2, 3, &b"two"[..]));
+    let st = b.recv(&cb, 0, ANY_TAG, &mut buf).unwrap();
+    assert_eq!((st.source, st.tag, st.len, &buf[..3]), (0, 1, 3, &b"one"[..]));
+    // Other tags ahead, the first a rendezvous: both are kept.
+    let long = pattern(9, 100_000);
+    a.scope(|sa| {
+        let mut r = sa.isend(&ca, 1, 1, &long).unwrap();
+        sa.world().send(&ca, 1, 7, b"seven").unwrap();
+        sa.world().send(&ca, 1, 2, b"two").unwrap();
+        let mut buf = [0u8; 8];
+        let st = b.recv(&cb, 0, 2, &mut buf).unwrap();
+        assert_eq!((st.tag, st.len, &buf[..3]), (2, 3, &b"two"[..]));
+        let st = b.recv(&cb, 0, 7, &mut buf).unwrap();
+        assert_eq!((st.tag, st.len, &buf[..5]), (7, 5, &b"seven"[..]));
+        let mut got = vec![0u8; 100_000];
+        b.scope(|sb| {
+            let mut rr = sb.irecv(&cb, 0, ANY_TAG, &mut got).unwrap();
+            // Each side moves only when asked, both in this thread.
+            while !(sb.test(&mut rr).unwrap() & sa.test(&mut r).unwrap()) {}
+            assert_eq!(sb.wait(rr).unwrap().status().tag, 1);
+            sa.wait(r).unwrap();
+        });
+        assert!(got == long);
+    });
+    let mut buf = [0u8; 8];
+    // Straight from the fastbox: a message longer than the buffer fills it and says so,
+    // and the next one is not disturbed.
+    a.send(&ca, 1, 3, &[5u8; 20]).unwrap();
+    a.send(&ca, 1, 4, b"next").unwrap();
+    match b.recv(&cb, 0, 3, &mut buf) {
+        Err(P2pError::Truncated {
+            message_len: 20,
+            buffer_len: 8,
+        }) => assert_eq!(buf, [5u8; 8]),
+        other => panic!("{other:?}"),
+    }
+    let st = b.recv(&cb, 0, 4, &mut buf).unwrap();
+    assert_eq!((st.tag, st.len, &buf[..4]), (4, 4, &b"next"[..]));
+    // An empty message, and a message of a whole fastbox.
+    a.send(&ca, 1, 5, b"").unwrap();
+    assert_eq!(b.recv(&cb, 0, 5, &mut buf).unwrap().len, 0);
+    let full = pattern(3, 1000);
+    a.send(&ca, 1, 6, &full).unwrap();
+    let mut big = vec![0u8; 1000];
+    assert_eq!(b.recv(&cb, 0, 6, &mut big).unwrap().len, 1000);
+    assert!(big == full);
+}

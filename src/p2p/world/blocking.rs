@@ -16,6 +16,7 @@ use crate::p2p::requests::{Bufs, Holder, RecvReq, Req};
 use crate::p2p::wire;
 use crate::p2p::{P2pError, Status};
 use nemesis_lmt::Seg;
+use nemesis_shm::region::copy_into;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -108,6 +109,49 @@ impl<C: Channel> World<C> {
             // The message is most likely the next one from a named source, waiting in
             // its fastbox: try for just that first.
             if let Some(s) = src_w {
+                // An eager message this receive selects, taken by a sink that only copies
+                // it, so that nothing else any packet might need is kept for it. A packet
+                // of any other kind stays for the `Fresh` receive below.
+                let want = tag.unwrap_or(FRESH_ANY_TAG);
+                let mut got: Option<(i32, usize)> = None;
+                if !self.eng.medium.interrupted_by(s)
+                    && self.core.ch.poll_from_if(
+                        s,
+                        #[inline(always)]
+                        |h, _| {
+                            h.kind == wire::EAGER
+                                && h.context == ctx
+                                && (want == FRESH_ANY_TAG || want == h.tag)
+                        },
+                        #[inline(always)]
+                        |p| {
+                            let n = p.payload.len().min(buf.len());
+                            copy_into(&mut buf[..n], &p.payload[..n]);
+                            got = Some((p.header.tag, p.payload.len()));
+                        },
+                    )
+                    && let Some((got_tag, len)) = got
+                {
+                    if self.eng.chores {
+                        let found = Some(Found::Eager {
+                            src: s,
+                            tag: got_tag,
+                            len,
+                        });
+                        return self.recv_fresh(c, ctx, src_w, tag, buf, found, None);
+                    }
+                    if len > buf.len() {
+                        return Err(P2pError::Truncated {
+                            message_len: len,
+                            buffer_len: buf.len(),
+                        });
+                    }
+                    return Ok(Status {
+                        source: c.member(s),
+                        tag: got_tag,
+                        len,
+                    });
+                }
                 let mut f = Fresh {
                     ctx,
                     src: s,
