@@ -54,6 +54,16 @@ impl<C: Channel> World<C> {
         self.send_large(c, ctx, dest, tag, buf)
     }
 
+    /// Sends `buf` eagerly if it can go at once, through the channel's next slot to
+    /// `dest`; says whether it went (nothing is sent when it did not).
+    #[inline]
+    pub(crate) fn try_eager_now(&mut self, c: &CommInner, ctx: u32, dest: u32, tag: i32, buf: &[u8]) -> bool {
+        buf.len() <= self.eager_at_once
+            && c.ranks
+                .get(dest as usize)
+                .is_some_and(|&d| self.core.ch.try_send_now(d, wire::eager(ctx, tag), buf))
+    }
+
     /// A blocking send that is not a simple eager one: a rendezvous, or a bad rank.
     #[inline(never)]
     fn send_large(
