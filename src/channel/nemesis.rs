@@ -271,14 +271,16 @@ impl NemesisChannel {
 
     /// Everything but a fastbox: shared memory's slow path, and the network for the
     /// ranks shared memory does not reach. The error comes boxed: a result as large as
-    /// [`ChannelError`] was copied out through memory on every queued packet.
+    /// [`ChannelError`] was copied out through memory on every queued packet. The header
+    /// comes as its two words ([`pair`]).
     #[inline(never)]
     fn send_slow(
         &mut self,
         peer: Rank,
-        header: Header,
+        (w0, w1): (u64, u64),
         payload: &[&[u8]],
     ) -> Result<SendStatus, Box<ChannelError>> {
+        let header = Header::from_envelope(&[w0, w1]);
         match self.shm.send_slow_inline(peer, header, payload) {
             Err(ChannelError::NoRoute { .. }) if self.net.is_some() => {
                 self.send_net(peer, header, payload).map_err(Box::new)
@@ -398,7 +400,7 @@ impl Channel for NemesisChannel {
         if self.shm.try_fast_send(peer, header, payload) {
             return Ok(SendStatus::Sent);
         }
-        self.send_slow(peer, header, payload).map_err(|e| *e)
+        self.send_slow(peer, pair(header), payload).map_err(|e| *e)
     }
 
     // The list of one payload the slow path takes is made on that path only: made
@@ -411,7 +413,7 @@ impl Channel for NemesisChannel {
         {
             return Ok(SendStatus::Sent);
         }
-        self.send_slow(peer, header, &[payload]).map_err(|e| *e)
+        self.send_slow(peer, pair(header), &[payload]).map_err(|e| *e)
     }
 
     #[inline(always)]
@@ -635,6 +637,14 @@ impl Drop for NemesisChannel {
 
 /// Ranks 0 and 1 sharing a segment and rank 2 alone on another "node", each with the
 /// netmod `net` makes for its rank: the job the channel tests run.
+/// A header as its two words, which a call takes in two registers: passed as a
+/// `Header`, it was stored to memory on every send, for the slow path's call.
+#[inline(always)]
+fn pair(header: Header) -> (u64, u64) {
+    let [w0, w1] = header.to_envelope();
+    (w0, w1)
+}
+
 #[cfg(test)]
 pub(crate) fn three_ranks(
     slice: Duration,

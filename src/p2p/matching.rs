@@ -64,12 +64,17 @@ impl Matching {
     /// directly: nothing is posted before it, and nothing waiting matches it.
     #[inline(always)]
     pub(crate) fn bypass(&self, ctx: u32, src: Option<u32>, tag: Option<i32>) -> bool {
-        self.posted.is_empty()
-            && (self.unexpected.is_empty()
-                || !self
-                    .unexpected
-                    .iter()
-                    .any(|u| selected(ctx, src, tag, u.ctx, u.src, u.tag)))
+        self.posted.is_empty() && (self.unexpected.is_empty() || !self.waits_for(ctx, src, tag))
+    }
+
+    /// Whether an unexpected message waits that a receive of (`ctx`, `src`, `tag`)
+    /// selects. Out of line, so that the common case (none waits) does not prepare the
+    /// search's arguments in memory.
+    #[inline(never)]
+    fn waits_for(&self, ctx: u32, src: Option<u32>, tag: Option<i32>) -> bool {
+        self.unexpected
+            .iter()
+            .any(|u| selected(ctx, src, tag, u.ctx, u.src, u.tag))
     }
 
     /// Whether nothing is posted and nothing waits unexpected.

@@ -115,87 +115,71 @@ impl<C: Channel> World<C> {
             None => None,
             Some(s) => Some(c.world_of(s)?),
         };
-        if self.eng.bypass(ctx, src_w, tag) {
-            // The message is most likely the next one from a named source, waiting in
-            // its fastbox: try for just that first.
-            if let Some(s) = src_w {
-                // An eager message this receive selects, taken by a sink that only copies
-                // it, so that nothing else any packet might need is kept for it. A packet
-                // of any other kind stays for the `Fresh` receive below.
-                let want = tag.unwrap_or(FRESH_ANY_TAG);
-                let mut got: Option<(i32, usize)> = None;
-                if !self.eng.medium.interrupted_by(s)
-                    && self.core.ch.poll_from_if(
-                        s,
-                        #[inline(always)]
-                        |h, _| {
-                            h.kind == wire::EAGER
-                                && h.context == ctx
-                                && (want == FRESH_ANY_TAG || want == h.tag)
-                        },
-                        #[inline(always)]
-                        |p| {
-                            let n = p.payload.len().min(buf.len());
-                            copy_into(&mut buf[..n], &p.payload[..n]);
-                            got = Some((p.header.tag, p.payload.len()));
-                        },
-                    )
-                    && let Some((got_tag, len)) = got
-                {
-                    if self.eng.chores {
-                        let found = Some(Found::Eager {
-                            src: s,
-                            tag: got_tag,
-                            len,
-                        });
-                        return self.recv_fresh(c, ctx, src_w, tag, buf, found, None);
-                    }
-                    if len > buf.len() {
-                        return Err(P2pError::Truncated {
-                            message_len: len,
-                            buffer_len: buf.len(),
-                        });
-                    }
-                    return Ok(Status {
-                        source: c.member(s),
+        // The message is most likely the next one from a named source, waiting in its
+        // fastbox: an eager message this receive selects is taken there by a sink that
+        // only copies it, so that nothing else any packet might need is kept for it. A
+        // packet of any other kind stays in the fastbox.
+        if let Some(s) = src_w
+            && self.eng.bypass(ctx, src_w, tag)
+            && !self.eng.medium.interrupted_by(s)
+        {
+            let want = tag.unwrap_or(FRESH_ANY_TAG);
+            let mut got: Option<(i32, usize)> = None;
+            if self.core.ch.poll_from_if(
+                s,
+                #[inline(always)]
+                |h, _| {
+                    // Kind and context in one comparison of the word they share.
+                    let word = |kind: u16, ctx: u32| u64::from(kind) | u64::from(ctx) << 32;
+                    word(h.kind, h.context) == word(wire::EAGER, ctx)
+                        && (want == FRESH_ANY_TAG || want == h.tag)
+                },
+                #[inline(always)]
+                |p| {
+                    copy_into(buf, p.payload);
+                    got = Some((p.header.tag, p.payload.len()));
+                },
+            ) && let Some((got_tag, len)) = got
+            {
+                if self.eng.chores {
+                    let found = Some(Found::Eager {
+                        src: s,
                         tag: got_tag,
                         len,
                     });
+                    return self.recv_fresh(c, ctx, src_w, tag, buf, found, None);
                 }
-                let mut f = Fresh {
-                    ctx,
-                    src: s,
-                    tag: tag.unwrap_or(FRESH_ANY_TAG),
-                    buf: &mut *buf,
-                    found: None,
-                    arriving: None,
-                };
-                let (ch, mut others) = self.core.split();
-                let eng = &mut self.eng;
-                if ch.poll_from(
-                    s,
-                    #[inline(always)]
-                    |p| f.offer(eng, &mut others, p),
-                ) {
-                    if let Some(Found::Eager { src, tag, len }) = f.found
-                        && !eng.chores
-                    {
-                        if len > buf.len() {
-                            return Err(P2pError::Truncated {
-                                message_len: len,
-                                buffer_len: buf.len(),
-                            });
-                        }
-                        return Ok(Status {
-                            source: c.member(src),
-                            tag,
-                            len,
-                        });
-                    }
-                    let (found, arriving) = (f.found, f.arriving);
-                    return self.recv_fresh(c, ctx, src_w, tag, buf, found, arriving);
+                if len > buf.len() {
+                    return Err(P2pError::Truncated {
+                        message_len: len,
+                        buffer_len: buf.len(),
+                    });
                 }
+                return Ok(Status {
+                    source: c.member(s),
+                    tag: got_tag,
+                    len,
+                });
             }
+        }
+        self.recv_waiting(c, ctx, src, src_w, tag, buf)
+    }
+
+    /// A blocking receive whose message was not the next in its source's fastbox: by
+    /// the `Fresh` receive where nothing is posted or waiting that could match (whose
+    /// first look is at the same fastbox), else through the posted queue. `src_w` is
+    /// `src` as a world rank.
+    #[inline(never)]
+    fn recv_waiting(
+        &mut self,
+        c: &Arc<CommInner>,
+        ctx: u32,
+        src: Option<u32>,
+        src_w: Option<u32>,
+        tag: Option<i32>,
+        buf: &mut [u8],
+    ) -> Result<Status, P2pError> {
+        if self.eng.bypass(ctx, src_w, tag) {
             return self.recv_fresh(c, ctx, src_w, tag, buf, None, None);
         }
         self.recv_posted(c, ctx, src, tag, buf)
