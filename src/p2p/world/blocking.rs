@@ -129,10 +129,13 @@ impl<C: Channel> World<C> {
                 s,
                 #[inline(always)]
                 |h, _| {
-                    // Kind and context in one comparison of the word they share.
-                    let word = |kind: u16, ctx: u32| u64::from(kind) | u64::from(ctx) << 32;
-                    word(h.kind, h.context) == word(wire::EAGER, ctx)
-                        && (want == FRESH_ANY_TAG || want == h.tag)
+                    // The header's words against those of an eager message of this
+                    // context and tag (flags and the spare word nought, as `wire::eager`
+                    // makes them): one comparison each. Any other header, which the
+                    // `Fresh` receive may still take, is left for it.
+                    let [w0, w1] = h.to_envelope();
+                    let [e0, e1] = wire::eager(ctx, want).to_envelope();
+                    w0 == e0 && (want == FRESH_ANY_TAG || w1 == e1)
                 },
                 #[inline(always)]
                 |p| {
