@@ -74,11 +74,11 @@ impl RingEnd {
 }
 
 /// Where one call's copying through the ring stops: whole slots up to [`CMA_STEP`]
-/// bytes past `done`, or the message's end, `total`. Unbounded, a receiver whose sender keeps
-/// the ring full never found it empty, and one progress call took the whole message
-/// (512 MiB, tens of milliseconds), with no look at anything else meanwhile. Every
-/// slot but a message's last holds a whole slot's bytes, so a bound of whole slots
-/// past `x.done` never cuts one short.
+/// bytes past `done`, or the message's end, `total`. Unbounded, a receiver whose sender
+/// keeps the ring full never found it empty, and one progress call took the whole
+/// message (512 MiB, tens of milliseconds), with no look at anything else meanwhile.
+/// Every slot but a message's last holds a whole slot's bytes, so a bound of whole
+/// slots past `done` never cuts one short.
 fn step_end(done: usize, total: usize, slot_size: usize) -> usize {
     let slots = (CMA_STEP / slot_size.max(1)).max(1);
     total.min(done.saturating_add(slots * slot_size))

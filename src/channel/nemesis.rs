@@ -635,8 +635,6 @@ impl Drop for NemesisChannel {
     }
 }
 
-/// Ranks 0 and 1 sharing a segment and rank 2 alone on another "node", each with the
-/// netmod `net` makes for its rank: the job the channel tests run.
 /// A header as its two words, which a call takes in two registers: passed as a
 /// `Header`, it was stored to memory on every send, for the slow path's call.
 #[inline(always)]
@@ -645,6 +643,8 @@ fn pair(header: Header) -> (u64, u64) {
     (w0, w1)
 }
 
+/// Ranks 0 and 1 sharing a segment and rank 2 alone on another "node", each with the
+/// netmod `net` makes for its rank: the job the channel tests run.
 #[cfg(test)]
 pub(crate) fn three_ranks(
     slice: Duration,

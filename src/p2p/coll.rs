@@ -220,9 +220,9 @@ impl<C: Channel> World<C> {
         // for them.
         let mut sends = Vec::new();
         let mut res = Ok(());
+        let bytes: &[u8] = bytemuck::cast_slice(data);
         for k in 1..n {
             let dest = ((me + k) % n) as u32;
-            let bytes: &[u8] = bytemuck::cast_slice(data);
             if self.try_eager_now(c, c.ctx + 1, dest, t, bytes) {
                 continue;
             }

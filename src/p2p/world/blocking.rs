@@ -152,17 +152,7 @@ impl<C: Channel> World<C> {
                     });
                     return self.recv_fresh(c, ctx, src_w, tag, buf, found, None);
                 }
-                if len > buf.len() {
-                    return Err(P2pError::Truncated {
-                        message_len: len,
-                        buffer_len: buf.len(),
-                    });
-                }
-                return Ok(Status {
-                    source: c.member(s),
-                    tag: got_tag,
-                    len,
-                });
+                return eager_status(c, s, got_tag, len, buf.len());
             }
         }
         self.recv_waiting(c, ctx, src, src_w, tag, buf)
@@ -243,19 +233,7 @@ impl<C: Channel> World<C> {
             }
         };
         match found {
-            Found::Eager { src, tag, len } => {
-                if len > cap {
-                    return Err(P2pError::Truncated {
-                        message_len: len,
-                        buffer_len: cap,
-                    });
-                }
-                Ok(Status {
-                    source: c.member(src),
-                    tag,
-                    len,
-                })
-            }
+            Found::Eager { src, tag, len } => eager_status(c, src, tag, len, cap),
             Found::Rts { src: peer, tag, rts } => {
                 let rr = RecvReq::new(Bufs::One(seg), cap, super::super::comm::ReqComm::of(c), src);
                 let id = self.eng.accept_rts(rr, peer, *rts, tag)?;
@@ -547,4 +525,21 @@ fn describe_recv(c: &CommInner, src: Option<u32>, tag: Option<i32>) -> String {
         None => "any tag".into(),
     };
     format!("recv from {from} with {tag} on communicator {}", c.ctx / 2)
+}
+
+/// The status of a blocking receive that took an eager message of `len` bytes from world
+/// rank `src` into a buffer of `cap`: truncated if it was longer.
+#[inline(always)]
+fn eager_status(c: &CommInner, src: u32, tag: i32, len: usize, cap: usize) -> Result<Status, P2pError> {
+    if len > cap {
+        return Err(P2pError::Truncated {
+            message_len: len,
+            buffer_len: cap,
+        });
+    }
+    Ok(Status {
+        source: c.member(src),
+        tag,
+        len,
+    })
 }
