@@ -14,25 +14,6 @@ fn dies_when() -> (usize, Duration) {
     )
 }
 
-/// Exits at once, without a goodbye, the pages of `len` bytes at `at` unmapped first.
-/// The kernel tears a dead process's memory down in its own time, and meanwhile a peer
-/// that copies by CMA could move the rest of the message into or out of it (512 MiB at
-/// the speed of an Intel Xeon guest's CMA): the death came after the transfer rather
-/// than in the middle of it, and the test's premise failed, not the library. Gone
-/// first, the buffer fails the peer's next copy, as the dead process would.
-fn die_without(at: *const u8, len: usize) -> ! {
-    // SAFETY: sysconf has no preconditions.
-    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-    let start = (at as usize).next_multiple_of(page);
-    let end = (at as usize + len) / page * page;
-    if end > start {
-        // SAFETY: whole pages of our own buffer, which nothing touches again: the process
-        // exits on the next line, running no destructors.
-        unsafe { libc::munmap(start as *mut libc::c_void, end - start) };
-    }
-    std::process::exit(0)
-}
-
 /// Rank 0 starts a large send and exits part way through it, without a goodbye; rank
 /// 1's receive fails with the peer's failure within a bound set by
 /// `NEMESIS_FAILURE_TIMEOUT`, whatever strategy (`NEMESIS_LMT`) moves it. The message
@@ -60,7 +41,7 @@ pub fn dies_mid_transfer() -> Result<(), String> {
                 }
                 std::thread::sleep(Duration::from_micros(200));
             }
-            die_without(data.as_ptr(), data.len())
+            std::process::exit(0)
         })?;
         return Ok(());
     }
@@ -105,7 +86,6 @@ pub fn receiver_dies_mid_transfer() -> Result<(), String> {
     let mut w = nemesis::init().map_err(|e| e.to_string())?;
     let c = w.comm();
     if w.rank() == 1 {
-        let (at, len) = (buf.as_ptr(), buf.len());
         w.scope(|s| {
             let mut r = s.irecv(&c, 0, 1, &mut buf).map_err(|e| e.to_string())?;
             s.world().send(&c, 0, 9, &[1]).map_err(|e| e.to_string())?;
@@ -116,7 +96,7 @@ pub fn receiver_dies_mid_transfer() -> Result<(), String> {
                 }
                 std::thread::sleep(Duration::from_micros(200));
             }
-            die_without(at, len)
+            std::process::exit(0)
         })?;
         return Ok(());
     }
