@@ -522,6 +522,14 @@ impl Engine {
         self.quick.none_posted() && self.matching.bypass(ctx, src, tag)
     }
 
+    /// Whether nothing is posted, nothing waits unexpected and no medium message is
+    /// arriving: the four counts tested together, so that a blocking receive's first
+    /// look costs one branch; any of them sends it the longer way ([`Engine::bypass`]).
+    #[inline(always)]
+    pub(crate) fn calm(&self) -> bool {
+        (self.quick.posted_count() as usize | self.matching.queued() | self.medium.arriving_count()) == 0
+    }
+
     /// What follows every poll: control packets go out, chunks are pushed, and a
     /// protocol fault is reported.
     #[inline(always)]

@@ -124,6 +124,12 @@ impl Medium {
         }
     }
 
+    /// Messages under way, from any source: nought when none is.
+    #[inline(always)]
+    pub(crate) fn arriving_count(&self) -> usize {
+        self.active
+    }
+
     /// Whether `src` is in the middle of a medium message, so that any packet of the
     /// protocol from it but MDATA breaks the message off.
     #[inline(always)]

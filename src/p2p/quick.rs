@@ -135,6 +135,12 @@ impl QuickRecvs {
         self.posted == 0
     }
 
+    /// Entries posted, for a test of several counts at once.
+    #[inline(always)]
+    pub(crate) fn posted_count(&self) -> u32 {
+        self.posted
+    }
+
     /// Posts a receive into `buf` of (`ctx`, `src`, `tag`) for scope `scope`; `None`
     /// when the ring is full.
     #[inline(always)]

@@ -118,10 +118,11 @@ impl<C: Channel> World<C> {
         // The message is most likely the next one from a named source, waiting in its
         // fastbox: an eager message this receive selects is taken there by a sink that
         // only copies it, so that nothing else any packet might need is kept for it. A
-        // packet of any other kind stays in the fastbox.
+        // packet of any other kind stays in the fastbox. Only while the engine is calm:
+        // with anything posted, waiting or arriving, the `Fresh` receive or the posted
+        // queue decides, and the `Fresh` receive's first look is at the same fastbox.
         if let Some(s) = src_w
-            && self.eng.bypass(ctx, src_w, tag)
-            && !self.eng.medium.interrupted_by(s)
+            && self.eng.calm()
         {
             let want = tag.unwrap_or(FRESH_ANY_TAG);
             let mut got: Option<(i32, usize)> = None;
