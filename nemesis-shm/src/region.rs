@@ -262,10 +262,20 @@ pub(crate) unsafe fn gather(dst: *mut u8, payload: &[&[u8]]) {
 /// the copy.
 #[inline(always)]
 pub fn copy_into(dst: &mut [u8], src: &[u8]) -> usize {
-    let n = src.len().min(dst.len());
-    // SAFETY: both slices hold at least `n` bytes, and a `&mut` cannot overlap a `&`.
-    unsafe { copy_bytes(src.as_ptr(), dst.as_mut_ptr(), n) };
-    n
+    // A copy on each branch, of that branch's length, rather than one of the lesser:
+    // where the buffer's length is known (a fixed-size one), a message that fills it is
+    // copied by a constant length, in one move of its size.
+    if src.len() >= dst.len() {
+        let n = dst.len();
+        // SAFETY: both slices hold at least `n` bytes, and a `&mut` cannot overlap a `&`.
+        unsafe { copy_bytes(src.as_ptr(), dst.as_mut_ptr(), n) };
+        n
+    } else {
+        let n = src.len();
+        // SAFETY: as above.
+        unsafe { copy_bytes(src.as_ptr(), dst.as_mut_ptr(), n) };
+        n
+    }
 }
 
 /// Copies `len` bytes, inline for small lengths, where a `memcpy` call would cost more
@@ -312,6 +322,24 @@ mod tests {
             assert_eq!(&dst[..len], &src[..len], "len {len}");
             assert!(dst[len..].iter().all(|&b| b == 0), "len {len} wrote past the end");
         }
+    }
+
+    #[test]
+    fn copy_into_copies_the_lesser_length() {
+        let src: Vec<u8> = (1..=40).collect();
+        for cap in [0, 1, 7, 8, 9, 16, 17, 40] {
+            for len in 0..=40 {
+                let mut dst = vec![0u8; cap + 1];
+                let n = copy_into(&mut dst[..cap], &src[..len]);
+                assert_eq!(n, len.min(cap), "cap {cap} len {len}");
+                assert_eq!(&dst[..n], &src[..n], "cap {cap} len {len}");
+                assert!(dst[n..].iter().all(|&b| b == 0), "cap {cap} len {len} wrote past");
+            }
+        }
+        // A fixed-size buffer, as the constant-length branch serves.
+        let mut eight = [0u8; 8];
+        assert_eq!(copy_into(&mut eight, &src[..12]), 8);
+        assert_eq!(&eight[..], &src[..8]);
     }
 
     #[test]
