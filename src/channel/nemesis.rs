@@ -209,7 +209,10 @@ impl NemesisChannel {
     }
 
     /// A channel over `shm` and, for the ranks that `shm` cannot reach, `netmod`.
-    pub fn with_netmod(shm: ShmChannel, netmod: Option<Box<dyn Netmod>>) -> Self {
+    pub fn with_netmod(mut shm: ShmChannel, netmod: Option<Box<dyn Netmod>>) -> Self {
+        if netmod.is_some() {
+            shm.beside_net();
+        }
         let size = shm.size();
         let every = if shm.has_local_peers() { NET_POLL_EVERY } else { 0 };
         let fds: Vec<BorrowedFd<'_>> = shm
@@ -327,16 +330,18 @@ impl NemesisChannel {
         Ok(SendStatus::Queued(net.pending.push(peer, env, payload)))
     }
 
-    /// [`Channel::poll`] with a network module. Takes the sink over, so that a job
-    /// without a network lends it to nothing (lent, it would be kept in memory).
+    /// [`NemesisChannel::poll_detour`] for [`Channel::poll`]. Takes the sink over, so
+    /// that a poll of the port alone lends it to nothing (lent, it would be kept in
+    /// memory).
     #[inline(never)]
-    fn poll_net_by_value<F: FnMut(Packet<'_>)>(&mut self, mut sink: F) -> Result<usize, ChannelError> {
-        self.poll_with_net(&mut sink)
+    fn poll_detour_by_value<F: FnMut(Packet<'_>)>(&mut self, mut sink: F) -> Result<usize, ChannelError> {
+        self.poll_detour(&mut sink)
     }
 
-    /// A poll with a network module: shared memory, then the network.
+    /// A poll that is not the port's alone: shared memory with its own work, then the
+    /// network module, if there is one.
     #[inline(never)]
-    fn poll_with_net<S: PacketSink>(&mut self, sink: &mut S) -> Result<usize, ChannelError> {
+    fn poll_detour<S: PacketSink>(&mut self, sink: &mut S) -> Result<usize, ChannelError> {
         let mut n = self.shm.poll(|p| sink.packet(p))?;
         if let Some(net) = &mut self.net {
             n += net.poll(sink, n > 0)?;
@@ -462,19 +467,19 @@ impl Channel for NemesisChannel {
 
     #[inline]
     fn poll<F: FnMut(Packet<'_>)>(&mut self, sink: F) -> Result<usize, ChannelError> {
-        if self.net.is_some() {
-            return self.poll_net_by_value(sink);
+        if self.shm.port_alone() {
+            // The sink moves down (see `ShmChannel::poll_port`).
+            return self.shm.poll_port(sink);
         }
-        // The sink moves down (see `ShmChannel::poll_port`).
-        self.shm.poll(sink)
+        self.poll_detour_by_value(sink)
     }
 
     #[inline(always)]
     fn poll_landing<S: PacketSink>(&mut self, sink: &mut S) -> Result<usize, ChannelError> {
-        if self.net.is_some() {
-            return self.poll_with_net(sink);
+        if !self.shm.port_alone() {
+            return self.poll_detour(sink);
         }
-        self.shm.poll(|p| sink.packet(p))
+        self.shm.poll_port(|p| sink.packet(p))
     }
 
     #[inline(always)]

@@ -53,10 +53,17 @@ pub struct ShmChannel {
     wake: Option<WakeSocket>,
     /// We told the peers to wake us through `wake`; the next poll withdraws it.
     armed: bool,
-    /// Whether a poll has more to do than the port's: pending sends, packets to
-    /// ourselves, an arm to withdraw. One test on the fast path instead of three.
-    extra: bool,
+    /// Why a poll cannot be the port's alone: [`MORE`] while it has more to do than
+    /// the port's (pending sends, packets to ourselves, an arm to withdraw), [`NET`]
+    /// when the channel above polls a network module beside it. One test on the fast
+    /// path instead of four.
+    detour: u8,
 }
+
+/// [`ShmChannel::detour`]'s bit for work of a poll's own beside the port's.
+const MORE: u8 = 1;
+/// [`ShmChannel::detour`]'s bit for a network module beside the port.
+const NET: u8 = 2;
 
 impl ShmChannel {
     /// The local process of world rank `peer`, if it is one of this segment's.
@@ -222,7 +229,7 @@ impl ShmChannel {
             lmt,
             wake,
             armed: false,
-            extra: false,
+            detour: 0,
         })
     }
 
@@ -250,8 +257,21 @@ impl ShmChannel {
     pub(super) fn hold(&mut self, kept: Vec<Kept>) {
         if !kept.is_empty() {
             self.held.extend(kept);
-            self.extra = true;
+            self.detour |= MORE;
         }
+    }
+
+    /// Marks a network module polled beside this port by the channel above, which
+    /// then leaves the port's fast path ([`ShmChannel::poll_port`]) for it.
+    pub(super) fn beside_net(&mut self) {
+        self.detour |= NET;
+    }
+
+    /// Whether a poll is the port's alone: nothing of the channel's own to do and no
+    /// network module beside it.
+    #[inline(always)]
+    pub(super) fn port_alone(&self) -> bool {
+        self.detour == 0
     }
 
     /// Whether a poll would find something.
@@ -352,7 +372,7 @@ impl ShmChannel {
         match local {
             SELF => {
                 self.held.push_back((self.rank, header, payload.concat()));
-                self.extra = true;
+                self.detour |= MORE;
                 Ok(SendStatus::Sent)
             }
             // With nothing pending to this peer, `try_fast_send` has just found the next
@@ -364,7 +384,7 @@ impl ShmChannel {
                 Ok(SendStatus::Sent)
             }
             _ => {
-                self.extra = true;
+                self.detour |= MORE;
                 self.fast[peer as usize] = None;
                 Ok(SendStatus::Queued(self.pending.push(local, env, payload)))
             }
@@ -375,7 +395,7 @@ impl ShmChannel {
     /// the port's out-of-line queue part, so that nothing on the fastbox path is lent
     /// to a call and kept in memory for it.
     #[inline(always)]
-    fn poll_port<F: FnMut(Packet<'_>)>(&mut self, mut sink: F) -> Result<usize, ChannelError> {
+    pub(super) fn poll_port<F: FnMut(Packet<'_>)>(&mut self, mut sink: F) -> Result<usize, ChannelError> {
         let rank_of = &self.rank_of;
         Ok(self.port.poll(
             #[inline(always)]
@@ -397,7 +417,7 @@ impl ShmChannel {
     #[inline(always)]
     fn lone_lane(&self, peer: Rank) -> Option<Lane> {
         match self.lanes.get(peer as usize) {
-            Some(&Some(lane)) if !self.extra => Some(lane),
+            Some(&Some(lane)) if self.detour & MORE == 0 => Some(lane),
             _ => None,
         }
     }
@@ -424,7 +444,8 @@ impl ShmChannel {
         } else {
             self.drain_held(sink)
         };
-        self.extra = self.pending.count() > 0 || !self.held.is_empty();
+        let more = self.pending.count() > 0 || !self.held.is_empty();
+        self.detour = (self.detour & !MORE) | if more { MORE } else { 0 };
         n
     }
 
@@ -524,7 +545,7 @@ impl Channel for ShmChannel {
 
     #[inline]
     fn poll<F: FnMut(Packet<'_>)>(&mut self, sink: F) -> Result<usize, ChannelError> {
-        if self.extra {
+        if self.detour & MORE != 0 {
             return self.poll_with_extra(sink);
         }
         self.poll_port(sink)
@@ -611,7 +632,7 @@ impl Channel for ShmChannel {
             // No peer can wake us; only a send to ourselves could, which whoever owns the
             // descriptor hears of through `armed`.
             self.armed = true;
-            self.extra = true;
+            self.detour |= MORE;
             return Ok(true);
         }
         if self.armed {
@@ -621,7 +642,9 @@ impl Channel for ShmChannel {
             }
         }
         self.armed = self.port.watch();
-        self.extra |= self.armed;
+        if self.armed {
+            self.detour |= MORE;
+        }
         Ok(self.armed)
     }
 
