@@ -51,8 +51,8 @@ pub trait FboxAccess<'a>: Copy {
     unsafe fn write(self, env: &Envelope, payload: &[&[u8]], len: usize);
     /// Asks the CPU for the lines a `len`-byte message in this box would be written to,
     /// for writing, without waiting for them (see `prefetch.rs`); from the second line on
-    /// when `skip_first`. A hint only; a region whose boxes are not shared memory
-    /// ignores it.
+    /// when `skip_first`, and then never the second alone. A hint only; a region whose
+    /// boxes are not shared memory ignores it.
     #[inline(always)]
     fn prepare(self, len: usize, skip_first: bool) {
         let _ = (len, skip_first);

@@ -798,6 +798,11 @@ impl<'a> FboxAccess<'a> for SegFbox<'a> {
     fn prepare(self, len: usize, skip_first: bool) {
         let lines = (FBOX_HEADER as usize + len.min(self.hot.fbox_span_capacity)).div_ceil(64);
         let skip = usize::from(skip_first);
+        // A prefetch of the second line alone (a message of two lines, its first left to
+        // the receiver) made 40 to 96-byte ping-pongs 1.4-1.8 times slower than none or
+        // than one of the second and third lines together, near and far, on a Zen 4
+        // guest (BENCHMARKS.md, "Two-line ping-pongs"); why was not found.
+        let lines = if skip_first && lines == 2 { 3 } else { lines };
         crate::prefetch::for_write(
             self.hot.prefetchw,
             self.head.cast::<u8>().wrapping_add(skip * 64),
