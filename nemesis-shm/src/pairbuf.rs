@@ -288,6 +288,13 @@ impl PairBufs {
         self.seg.pair_buf(self.me, peer)
     }
 
+    /// Whether a message to `rank` now would answer the last one through the buffer
+    /// the two share ([`PairBuf::answers`]); false where they share none.
+    #[inline]
+    pub fn answers(&self, rank: u32) -> bool {
+        self.with(rank).is_some_and(|pb| pb.answers())
+    }
+
     /// Bytes one message may take.
     pub fn capacity(&self) -> usize {
         self.seg.geometry().pair_size as usize

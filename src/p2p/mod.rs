@@ -211,12 +211,29 @@ pub const DEFAULT_NET_EAGER_LIMIT: usize = 128 << 10;
 /// BENCHMARKS.md), as the size up to which a run of packets beats a rendezvous.
 pub const DEFAULT_MEDIUM_LIMIT: usize = 128 << 10;
 
-/// The pair eager limit unless `NEMESIS_PAIR_EAGER_LIMIT` says: a message within the
-/// node longer than this, and no longer than the eager limit, goes through the pair
-/// buffer when it answers the last message through it. In a ping-pong on the Intel Xeon
-/// guest, 3 and 4 KiB took 10–20% less time one way this way than in one packet, whose reply
-/// goes into boxes its peer read last; at 2 KiB the two were even (BENCHMARKS.md).
-pub const DEFAULT_PAIR_EAGER_LIMIT: usize = 2 << 10;
+/// The pair eager limit on Intel CPUs unless `NEMESIS_PAIR_EAGER_LIMIT` says: a message
+/// within the node longer than this, and no longer than the eager limit, goes through
+/// the pair buffer when it answers the last message through it. In a ping-pong on the
+/// Intel Xeon guest, 3 and 4 KiB took 10–20% less time one way this way than in one
+/// packet, whose reply goes into boxes its peer read last; at 2 KiB the two were even
+/// (BENCHMARKS.md).
+pub const INTEL_PAIR_EAGER_LIMIT: usize = 2 << 10;
+
+/// The pair eager limit on other CPUs unless `NEMESIS_PAIR_EAGER_LIMIT` says. On an AMD
+/// EPYC (Zen 4) guest the pair buffer took a ping-pong of 512 bytes to 2 KiB one way in
+/// 0.69–0.94 of a packet's time near and 0.38–0.80 far, and one of 384 bytes or less in
+/// more (BENCHMARKS.md, "Answers through the pair buffer from 448 bytes on AMD").
+pub const PAIR_EAGER_LIMIT_ELSEWHERE: usize = 448;
+
+/// The pair eager limit unless `NEMESIS_PAIR_EAGER_LIMIT` says: by the CPU's maker,
+/// whose caches the two ways were measured to suit differently.
+pub fn default_pair_eager_limit() -> usize {
+    if nemesis_shm::cpu::is_intel() {
+        INTEL_PAIR_EAGER_LIMIT
+    } else {
+        PAIR_EAGER_LIMIT_ELSEWHERE
+    }
+}
 
 /// The largest value `NEMESIS_MEDIUM_LIMIT` and `NEMESIS_STREAM_MEDIUM_LIMIT` take.
 pub const MAX_MEDIUM_LIMIT: usize = medium::MEDIUM_MAX;
@@ -305,7 +322,7 @@ pub struct Config {
     /// Within the node, a message longer than this and no longer than `eager_limit`
     /// goes through the buffer the pair shares when it is free and the message answers
     /// the last one through it, else in one packet (`NEMESIS_PAIR_EAGER_LIMIT`; at
-    /// `eager_limit` or above, never). See [`DEFAULT_PAIR_EAGER_LIMIT`].
+    /// `eager_limit` or above, never). See [`default_pair_eager_limit`].
     pub pair_eager_limit: usize,
     /// Whether communicators whose members all share the node run barrier and small
     /// allreduce through the node's shared blocks (`NEMESIS_NODE_COLLECTIVES`, 1 or 0).
@@ -385,7 +402,7 @@ impl Config {
         }
         .min(medium_limit);
         let pair_eager_limit = match get("NEMESIS_PAIR_EAGER_LIMIT") {
-            None => DEFAULT_PAIR_EAGER_LIMIT,
+            None => default_pair_eager_limit(),
             Some(v) => nemesis_shm::config::parse_size(&v)
                 .and_then(|n| usize::try_from(n).ok())
                 .ok_or_else(|| bad("NEMESIS_PAIR_EAGER_LIMIT", &v, "expected a size such as 2K"))?,

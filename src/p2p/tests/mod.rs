@@ -713,8 +713,14 @@ fn the_pair_eager_limit_is_read_and_a_bad_one_named() {
         |v: &'static str| Config::from_lookup(8288, |q| (q == "NEMESIS_PAIR_EAGER_LIMIT").then(|| v.into()));
     assert_eq!(
         Config::from_lookup(8288, |_| None).unwrap().pair_eager_limit,
-        super::DEFAULT_PAIR_EAGER_LIMIT
+        super::default_pair_eager_limit()
     );
+    let by_maker = if nemesis_shm::cpu::is_intel() {
+        super::INTEL_PAIR_EAGER_LIMIT
+    } else {
+        super::PAIR_EAGER_LIMIT_ELSEWHERE
+    };
+    assert_eq!(super::default_pair_eager_limit(), by_maker);
     assert_eq!(read("4K").unwrap().pair_eager_limit, 4 << 10);
     assert_eq!(read("0").unwrap().pair_eager_limit, 0);
     for v in ["big", "-2"] {

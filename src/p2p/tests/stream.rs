@@ -256,7 +256,7 @@ fn a_forced_strategy_turns_off_the_rendezvous_through_own_copies() {
 #[test]
 fn an_answer_above_the_pair_eager_limit_takes_the_pair_buffer_and_a_stream_goes_in_packets() {
     const LEN: usize = 4000;
-    for pair_eager in [crate::p2p::DEFAULT_PAIR_EAGER_LIMIT, usize::MAX] {
+    for pair_eager in [crate::p2p::default_pair_eager_limit(), usize::MAX] {
         let taken = job_with(
             2,
             Geometry::default(),
@@ -277,7 +277,7 @@ fn an_answer_above_the_pair_eager_limit_takes_the_pair_buffer_and_a_stream_goes_
                 }
                 let pong = w.eng.medium.paired_taken;
                 // At the limit, one packet whatever it answers.
-                let small = vec![5u8; crate::p2p::DEFAULT_PAIR_EAGER_LIMIT];
+                let small = vec![5u8; crate::p2p::default_pair_eager_limit()];
                 if me == 0 {
                     w.send(&c, 1, 2, &small).unwrap();
                 } else {
