@@ -89,6 +89,8 @@ pub const MAX_LOCAL_PROCS: u32 = 4096;
 pub const CELL_HEADER: u32 = 32;
 /// Bytes at the start of a fastbox before its payload.
 pub const FBOX_HEADER: u32 = 32;
+/// The smallest fastbox, header included, that [`Geometry::validate`] accepts.
+pub const MIN_FBOX_SIZE: u32 = 128;
 /// Bytes at the start of an ordered pair's ring of fastboxes, before its boxes: the
 /// receiver's acknowledgement, on lines of its own.
 pub const FBOX_RING_HEADER: u32 = 128;
@@ -170,7 +172,7 @@ impl Geometry {
             );
         }
         if self.fbox_size != 0 {
-            if !(128..=64 << 10).contains(&self.fbox_size) || self.fbox_size % 128 != 0 {
+            if !(MIN_FBOX_SIZE..=64 << 10).contains(&self.fbox_size) || self.fbox_size % 128 != 0 {
                 return bad(
                     "NEMESIS_FBOX_SIZE",
                     self.fbox_size,

@@ -134,6 +134,10 @@ pub trait Region: Links + Send + Sync {
     fn cell_capacity(&self) -> usize;
     /// Largest payload of one fastbox; 0 when fastboxes are off.
     fn fbox_capacity(&self) -> usize;
+    /// A payload every fastbox of this kind of region holds, where it has fastboxes at
+    /// all: a message of a length known when compiled, no longer than this, goes into a
+    /// box without a look at [`Region::fbox_capacity`].
+    const FBOX_CAPACITY_AT_LEAST: usize = 0;
     /// Fastboxes in each ordered pair's ring, a power of two.
     fn fbox_slots(&self) -> u32;
     /// The boxes at the start of each lap of a ring that messages of one box go into, a

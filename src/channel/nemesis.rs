@@ -338,8 +338,8 @@ impl NemesisChannel {
         self.poll_detour(&mut sink)
     }
 
-    /// A poll that is not the port's alone: shared memory with its own work, then the
-    /// network module, if there is one.
+    /// A poll that is not a pair's port's alone: shared memory with its own work or
+    /// more than one peer, then the network module, if there is one.
     #[inline(never)]
     fn poll_detour<S: PacketSink>(&mut self, sink: &mut S) -> Result<usize, ChannelError> {
         let mut n = self.shm.poll(|p| sink.packet(p))?;
@@ -467,19 +467,19 @@ impl Channel for NemesisChannel {
 
     #[inline]
     fn poll<F: FnMut(Packet<'_>)>(&mut self, sink: F) -> Result<usize, ChannelError> {
-        if self.shm.port_alone() {
+        if self.shm.pair_alone() {
             // The sink moves down (see `ShmChannel::poll_port`).
-            return self.shm.poll_port(sink);
+            return self.shm.poll_pair(sink);
         }
         self.poll_detour_by_value(sink)
     }
 
     #[inline(always)]
     fn poll_landing<S: PacketSink>(&mut self, sink: &mut S) -> Result<usize, ChannelError> {
-        if !self.shm.port_alone() {
+        if !self.shm.pair_alone() {
             return self.poll_detour(sink);
         }
-        self.shm.poll_port(|p| sink.packet(p))
+        self.shm.poll_pair(|p| sink.packet(p))
     }
 
     #[inline(always)]

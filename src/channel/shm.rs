@@ -55,8 +55,8 @@ pub struct ShmChannel {
     armed: bool,
     /// Why a poll cannot be the port's alone: [`MORE`] while it has more to do than
     /// the port's (pending sends, packets to ourselves, an arm to withdraw), [`NET`]
-    /// when the channel above polls a network module beside it. One test on the fast
-    /// path instead of four.
+    /// when the channel above polls a network module beside it, [`MANY`] when the port
+    /// is not a pair's. One test on the fast path instead of six.
     detour: u8,
 }
 
@@ -64,6 +64,9 @@ pub struct ShmChannel {
 const MORE: u8 = 1;
 /// [`ShmChannel::detour`]'s bit for a network module beside the port.
 const NET: u8 = 2;
+/// [`ShmChannel::detour`]'s bit for a port that is not a pair's ([`Port::is_pair`]):
+/// more than one local peer, or no fastboxes. Set once, at the start.
+const MANY: u8 = 4;
 
 impl ShmChannel {
     /// The local process of world rank `peer`, if it is one of this segment's.
@@ -213,6 +216,7 @@ impl ShmChannel {
         )?;
         lmt.set_cpus_shared(outnumber(n as u32, usable_cpus()));
         let lanes: Box<[Option<Lane>]> = local_of.iter().map(|&l| port.lane(l)).collect();
+        let detour = if port.is_pair() { 0 } else { MANY };
         Ok(Self {
             port,
             rank,
@@ -229,7 +233,7 @@ impl ShmChannel {
             lmt,
             wake,
             armed: false,
-            detour: 0,
+            detour,
         })
     }
 
@@ -267,10 +271,11 @@ impl ShmChannel {
         self.detour |= NET;
     }
 
-    /// Whether a poll is the port's alone: nothing of the channel's own to do and no
-    /// network module beside it.
+    /// Whether a poll is the port's alone, and the port a pair's
+    /// ([`ShmChannel::poll_pair`]): nothing of the channel's own to do, no network
+    /// module beside it, and one local peer, with fastboxes.
     #[inline(always)]
-    pub(super) fn port_alone(&self) -> bool {
+    pub(super) fn pair_alone(&self) -> bool {
         self.detour == 0
     }
 
@@ -391,25 +396,20 @@ impl ShmChannel {
         }
     }
 
-    /// A poll of the port alone. The sink moves into the port's closure, and on into
-    /// the port's out-of-line queue part, so that nothing on the fastbox path is lent
-    /// to a call and kept in memory for it.
+    /// A poll of the port alone; the sink moves down ([`up`]).
     #[inline(always)]
-    pub(super) fn poll_port<F: FnMut(Packet<'_>)>(&mut self, mut sink: F) -> Result<usize, ChannelError> {
-        let rank_of = &self.rank_of;
-        Ok(self.port.poll(
-            #[inline(always)]
-            move |src, env, payload| {
-                // SAFETY: the port reports sources below its process count, the length of
-                // `rank_of` (checked in `from_segment`).
-                let src = unsafe { *rank_of.get_unchecked(src as usize) };
-                sink(Packet {
-                    src,
-                    header: Header::from_envelope(env),
-                    payload,
-                })
-            },
-        )?)
+    pub(super) fn poll_port<F: FnMut(Packet<'_>)>(&mut self, sink: F) -> Result<usize, ChannelError> {
+        Ok(self.port.poll(up(&self.rank_of, sink))?)
+    }
+
+    /// [`ShmChannel::poll_port`] for a pair's port, where
+    /// [`ShmChannel::pair_alone`] said so.
+    #[inline(always)]
+    pub(super) fn poll_pair<F: FnMut(Packet<'_>)>(&mut self, sink: F) -> Result<usize, ChannelError> {
+        debug_assert_eq!(self.detour & MANY, 0);
+        // SAFETY: the MANY bit is clear only where the port said it is a pair's, at the
+        // start, and a port stays what it is.
+        Ok(unsafe { self.port.poll_pair(up(&self.rank_of, sink)) }?)
     }
 
     /// The lane to `peer` when its fastbox may be looked at alone: not while a full poll
@@ -547,6 +547,9 @@ impl Channel for ShmChannel {
     fn poll<F: FnMut(Packet<'_>)>(&mut self, sink: F) -> Result<usize, ChannelError> {
         if self.detour & MORE != 0 {
             return self.poll_with_extra(sink);
+        }
+        if self.detour & MANY == 0 {
+            return self.poll_pair(sink);
         }
         self.poll_port(sink)
     }
@@ -701,6 +704,30 @@ fn from_lane<F: FnMut(Packet<'_>)>(peer: Rank, mut sink: F) -> impl FnMut(u32, &
     }
 }
 
+/// The port's sink for a packet from any local process, made a [`Packet`] for `sink`
+/// with the sender's world rank from `rank_of`. The sink moves in, and on into the
+/// port's out-of-line queue part, so that nothing on the fastbox path is lent to a call
+/// and kept in memory for it.
+#[inline(always)]
+// A thin pointer: the slice's parts are loaded only where a packet is handed up.
+#[allow(clippy::ptr_arg)]
+fn up<'a, F: FnMut(Packet<'_>) + 'a>(
+    rank_of: &'a Vec<Rank>,
+    mut sink: F,
+) -> impl FnMut(u32, &Envelope, &[u8]) + 'a {
+    #[inline(always)]
+    move |src, env, payload| {
+        // SAFETY: the port reports sources below its process count, the length of
+        // `rank_of` (checked in `from_segment`).
+        let src = unsafe { *rank_of.get_unchecked(src as usize) };
+        sink(Packet {
+            src,
+            header: Header::from_envelope(env),
+            payload,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -831,6 +858,36 @@ mod tests {
         assert!(got.iter().all(|m| m.2 == vec![m.1.tag as u8; 100]));
         assert!(tickets.iter().all(|&t| j[0].is_sent(t)));
         assert_eq!(j[0].pending(), 0);
+    }
+
+    #[test]
+    fn only_a_pair_with_fastboxes_polls_the_pair_way_and_every_way_delivers_in_order() {
+        let off = Geometry {
+            fbox_size: 0,
+            ..Geometry::default()
+        };
+        for (n, geo, pair) in [
+            (2, Geometry::default(), true),
+            (2, off, false),
+            (3, Geometry::default(), false),
+        ] {
+            let mut j = local_job(n, geo);
+            assert_eq!(j[1].pair_alone(), pair, "{n} processes, {geo:?}");
+            let big = vec![3u8; 2000];
+            for i in 0..6 {
+                let data: &[u8] = if i % 3 == 1 { &big } else { b"small" };
+                j[0].send_bytes(1, tag(i), data).unwrap();
+            }
+            let mut got = Vec::new();
+            while got.len() < 6 {
+                j[0].poll(|_| {}).unwrap();
+                got.extend(recv_all(&mut j[1]).into_iter().map(|m| (m.0, m.1.tag, m.2.len())));
+            }
+            let want: Vec<_> = (0..6)
+                .map(|i| (0, i, if i % 3 == 1 { 2000 } else { 5 }))
+                .collect();
+            assert_eq!(got, want, "{n} processes, {geo:?}");
+        }
     }
 
     #[test]

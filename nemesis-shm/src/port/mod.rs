@@ -11,7 +11,9 @@ use crate::queue::{Consumer, Pop, enqueue};
 use crate::region::{CellAccess, CellMeta, Envelope, Region};
 use crate::variant::{Sound, Variant};
 use crate::wake::Wake;
-use rings::{Rings, holds_due, put_cold, put_fbox, put_fbox_span, take_fbox, take_fbox_if, take_run};
+use rings::{
+    Rings, holds_due, put_cold, put_fbox, put_fbox_span, take_fbox, take_fbox_if, take_run, take_run_from,
+};
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,14 +40,24 @@ pub struct Corrupt {
 /// A local peer that has rings of fastboxes with us, named by its place among the
 /// port's peers ([`Port::lane`]): what a caller that sends to or polls one peer at a
 /// time keeps per peer, so that each call goes to the peer's rings without checking
-/// the index again. Kept as the place plus one, so that an `Option<Lane>` is four bytes.
+/// the index again. Kept as the offset in bytes of the end of the peer's record (its
+/// place plus one, times the record's size), so that an `Option<Lane>` is four bytes and
+/// the record is one add away.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lane(std::num::NonZeroU32);
 
 impl Lane {
+    /// The lane to the peer at `pos` among peers whose records are `size` bytes long.
     #[inline(always)]
-    fn pos(self) -> usize {
-        self.0.get() as usize - 1
+    fn new(pos: usize, size: usize) -> Option<Self> {
+        let end = u32::try_from((pos + 1) * size).ok()?;
+        std::num::NonZeroU32::new(end).map(Lane)
+    }
+
+    /// The offset of the record's end.
+    #[inline(always)]
+    fn end(self) -> usize {
+        self.0.get() as usize
     }
 }
 
@@ -302,7 +314,10 @@ impl<R: Region, V: Variant> Port<R, V> {
         let cap = b.fbox_cap;
         // SAFETY: passed on from our caller.
         let peer = unsafe { b.lane_peer(lane) };
-        len <= cap && put_fbox::<R, V>(&*self.region, &self.wake, peer, env, payload, len)
+        // A length known when compiled and below every box's capacity needs no load: a
+        // lane has boxes.
+        (len <= R::FBOX_CAPACITY_AT_LEAST || len <= cap)
+            && put_fbox::<R, V>(&*self.region, &self.wake, peer, env, payload, len)
     }
 
     /// [`Port::poll_fbox_of`] through a lane: hands `f` the next message from its peer
@@ -453,8 +468,45 @@ impl<R: Region, V: Variant> Port<R, V> {
                 got += take_run::<R, V, F>(region, peer, &mut f);
             }
         }
+        self.then_queue(f, got)
+    }
+
+    /// Whether the port is a pair's: one peer, with fastboxes. It stays so, which is
+    /// what lets a caller that asked once use [`Port::poll_pair`].
+    pub fn is_pair(&self) -> bool {
+        matches!(&self.book.peers[..], [peer] if peer.boxes.is_some())
+    }
+
+    /// [`Port::poll`] for a pair's port, without the count of peers or the test for
+    /// fastboxes on the way to the one ring: a caller that asked [`Port::is_pair`] once
+    /// tests its own flag instead, with the others it tests anyway.
+    ///
+    /// # Safety
+    /// [`Port::is_pair`] said true of this port.
+    #[inline]
+    pub unsafe fn poll_pair<F: FnMut(u32, &Envelope, &[u8])>(&mut self, mut f: F) -> Result<usize, Corrupt> {
+        let b = &mut self.book;
+        debug_assert!(matches!(&b.peers[..], [peer] if peer.boxes.is_some()));
+        // SAFETY: a pair's port has one peer (our caller's guarantee).
+        let Peer {
+            index,
+            boxes,
+            recv_seq,
+            ..
+        } = unsafe { b.peers.get_unchecked_mut(0) };
+        // SAFETY: and that peer has boxes.
+        let r = unsafe { boxes.as_mut().unwrap_unchecked() };
+        let got = take_run_from::<R, V, F>(&*self.region, *index, r, recv_seq, &mut f);
+        self.then_queue(f, got)
+    }
+
+    /// The end of a poll, after the fastboxes handed up `got` messages: the receive
+    /// queue, if it holds anything.
+    #[inline(always)]
+    fn then_queue<F: FnMut(u32, &Envelope, &[u8])>(&mut self, f: F, got: usize) -> Result<usize, Corrupt> {
+        let b = &self.book;
         // SAFETY: a key of this region.
-        if !b.rq.is_empty(unsafe { region.recv_queue_of(b.my) }) {
+        if !b.rq.is_empty(unsafe { self.region.recv_queue_of(b.my) }) {
             // `f` moves into the out-of-line part: lent to it instead, it would have to
             // live in memory, and the fastbox path above would load it from there.
             return self.poll_queue_owned(f, got);
@@ -675,8 +727,8 @@ impl<R: Region> Book<R> {
         debug_assert!(pos < self.peers.len());
         // SAFETY: passed on from our caller.
         unsafe { self.peers.get_unchecked(pos) }.boxes.as_ref()?;
-        // The place is below `n - 1`, which is below `u32::MAX`.
-        std::num::NonZeroU32::new(pos as u32 + 1).map(Lane)
+        // At most 4095 records of well under a kilobyte: the offset fits.
+        Lane::new(pos, size_of::<Peer<R>>())
     }
 
     /// The peer that `lane` names, which has rings.
@@ -685,10 +737,13 @@ impl<R: Region> Book<R> {
     /// `lane` came from [`Book::lane_at`] of this book.
     #[inline(always)]
     unsafe fn lane_peer(&mut self, lane: Lane) -> &mut Peer<R> {
-        debug_assert!(lane.pos() < self.peers.len() && self.peers[lane.pos()].boxes.is_some());
-        // SAFETY: a lane names one of the peers, only one with rings, and the peers never
-        // change.
-        let peer = unsafe { self.peers.get_unchecked_mut(lane.pos()) };
+        let size = size_of::<Peer<R>>();
+        debug_assert!(lane.end() % size == 0 && lane.end() / size <= self.peers.len());
+        debug_assert!(self.peers[lane.end() / size - 1].boxes.is_some());
+        // SAFETY: a lane names one of the peers (the end of its record is at least one
+        // record into the slice, and at most its end), only one with rings, and the
+        // peers never change.
+        let peer = unsafe { &mut *self.peers.as_mut_ptr().byte_add(lane.end()).sub(1) };
         // SAFETY: as above.
         unsafe { std::hint::assert_unchecked(peer.boxes.is_some()) };
         peer

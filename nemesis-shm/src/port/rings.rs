@@ -20,9 +20,12 @@ const LAP_MARK: u64 = 1 << 63;
 /// Called on a branch that is rarely taken, so that the compiler lays the common path
 /// out straight, without jumps around what it skips (as `std::hint::cold_path` does,
 /// which is newer than the crates' oldest Rust).
+/// Generic over the region, so that each crate that instantiates the fast paths has its
+/// own copy and calls it directly: called in another crate, its address would be loaded
+/// from the global offset table, and where a loop calls it, before the loop.
 #[cold]
 #[inline(never)]
-fn rare() {}
+fn rare<R: Region>() {}
 
 /// Where we are in the ring of fastboxes we write to a peer and the one it writes to us.
 pub(super) struct Rings<R: Region> {
@@ -173,7 +176,7 @@ pub(super) fn put_fbox<R: Region, V: Variant>(
     };
     let sent = r.sent;
     if sent >= r.one_end {
-        rare();
+        rare::<R>();
         // The caller's slow path tries [`put_cold`]: a call from here would make the
         // caller keep the message's envelope and parts in memory for it.
         return false;
@@ -423,7 +426,7 @@ where
             .read(region.fbox_capacity(), |env, data, _| want(env, data.len()))
     };
     if !wanted {
-        rare();
+        rare::<R>();
         // The lap marks passed on the way were handed back to the sender.
         if at.due != *recv_seq {
             at.store(r, recv_seq);
@@ -451,6 +454,19 @@ pub(super) fn take_run<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
     let Some((index, r, recv_seq)) = receiving(peer) else {
         return 0;
     };
+    take_run_from::<R, V, F>(region, index, r, recv_seq, f)
+}
+
+/// [`take_run`] from the rings `r` of peer `index`, from which message `*recv_seq` is
+/// due.
+#[inline(always)]
+pub(super) fn take_run_from<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
+    region: &R,
+    index: u32,
+    r: &mut Rings<R>,
+    recv_seq: &mut u64,
+    f: &mut F,
+) -> usize {
     let Some(mut at) = first_due::<R, V>(region, r, recv_seq) else {
         return 0;
     };
@@ -465,7 +481,8 @@ pub(super) fn take_run<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
             break;
         }
         if word != at.due {
-            rare();
+            // `pass_lap_mark` is cold, which makes this branch so: a call to `rare` here
+            // would have its address loaded before the loop, on every run.
             match pass_lap_mark::<R, V>(region, r, at, word) {
                 Some(past) => at = past,
                 None => break,
@@ -614,7 +631,7 @@ unsafe fn deliver<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
                         // One box, and not the ring's last: the next box is the one after it.
                         region.next_box(here)
                     } else {
-                        rare();
+                        rare::<R>();
                         region.box_key(r.inn, taken + 1)
                     };
                     if write_back {
@@ -623,7 +640,6 @@ unsafe fn deliver<R: Region, V: Variant, F: FnMut(u32, &Envelope, &[u8])>(
                 }
                 f(index, env, data);
                 if !short {
-                    rare();
                     // After `f`: the sequence words cleared lie in the message's bytes.
                     let span = clear_span::<R, V>(region, r.inn, taken, len);
                     at.taken = taken + span;

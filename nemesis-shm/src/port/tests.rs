@@ -118,6 +118,42 @@ fn lanes_name_only_peers_with_rings_and_carry_both_ways() {
 }
 
 #[test]
+fn only_a_pair_with_fastboxes_is_a_pair_and_its_poll_takes_boxes_then_cells() {
+    let (mut a, mut b) = pair(4, 256, 32);
+    assert!(a.is_pair() && b.is_pair());
+    let (off, _) = pair(2, 64, 0);
+    assert!(!off.is_pair(), "no fastboxes");
+    let r = Arc::new(HeapRegion::new(3, 4, 64, 32));
+    assert!(!Port::new(r, 0).is_pair(), "two peers");
+    let big = [9u8; 100];
+    a.try_send(1, &[1, 0], &[b"box"], 3).unwrap();
+    a.try_send(1, &[2, 0], &[&big], 100).unwrap();
+    a.try_send(1, &[3, 0], &[b"after"], 5).unwrap();
+    assert_eq!(
+        a.cells_for(1),
+        2,
+        "the ring's one box full, the others took cells"
+    );
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        // SAFETY: `b` said it is a pair's.
+        unsafe { b.poll_pair(|s, env, d| got.push((s, env[0], d.to_vec()))) }.unwrap();
+    }
+    assert_eq!(
+        got,
+        vec![
+            (0, 1, b"box".to_vec()),
+            (0, 2, big.to_vec()),
+            (0, 3, b"after".to_vec())
+        ],
+        "the box, then the cells behind it, in order"
+    );
+    // SAFETY: as above.
+    let again = unsafe { b.poll_pair(|_, _, _| panic!("nothing more")) };
+    assert_eq!(again.unwrap(), 0);
+}
+
+#[test]
 fn short_messages_keep_to_the_lap_and_long_ones_use_the_whole_ring() {
     // Eight boxes of 16 bytes, messages of one box in the first four of each lap.
     let r = Arc::new(HeapRegion::with_fbox_slots(2, 8, 64, 16, 8).with_fbox_lap(4));

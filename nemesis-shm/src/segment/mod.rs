@@ -9,7 +9,7 @@
 //! the file: from then on a crash of any process leaves nothing behind.
 
 use crate::coll::{self, Block, CollHead};
-use crate::config::{CELL_HEADER, FBOX_HEADER, FBOX_RING_HEADER, Geometry, MAX_LOCAL_PROCS};
+use crate::config::{CELL_HEADER, FBOX_HEADER, FBOX_RING_HEADER, Geometry, MAX_LOCAL_PROCS, MIN_FBOX_SIZE};
 use crate::doorbell::Doorbell;
 use crate::error::{Bytes, ShmError};
 use crate::file::{self, CreateError, Mapping};
@@ -915,6 +915,8 @@ unsafe impl Send for FboxKey {}
 unsafe impl Sync for FboxKey {}
 
 impl Region for Segment {
+    // The smallest box `Geometry::validate` lets through, less its header.
+    const FBOX_CAPACITY_AT_LEAST: usize = (MIN_FBOX_SIZE - FBOX_HEADER) as usize;
     type Fbox<'a> = SegFbox<'a>;
     type Cell<'a> = SegCell<'a>;
     type ProcKey = SlotKey;
