@@ -279,6 +279,13 @@ impl ShmChannel {
         self.detour == 0
     }
 
+    /// Whether a poll is the port's alone, and the port not a pair's: nothing of the
+    /// channel's own to do and no network module beside it.
+    #[inline(always)]
+    pub(super) fn many_alone(&self) -> bool {
+        self.detour == MANY
+    }
+
     /// Whether a poll would find something.
     #[inline]
     pub fn ready(&self) -> bool {
