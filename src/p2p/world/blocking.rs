@@ -127,6 +127,8 @@ impl<C: Channel> World<C> {
         // packet of any other kind stays in the fastbox. Only while the engine is calm:
         // with anything posted, waiting or arriving, the `Fresh` receive or the posted
         // queue decides, and the `Fresh` receive's first look is at the same fastbox.
+        // The same look as `take_eager_from`'s, written out: through that function's
+        // `Option<Result<..>>` this path took 23 instructions more.
         if let Some(s) = src_w
             && self.eng.calm()
         {
