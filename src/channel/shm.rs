@@ -266,7 +266,7 @@ impl ShmChannel {
     }
 
     /// Marks a network module polled beside this port by the channel above, which
-    /// then leaves the port's fast path ([`ShmChannel::poll_port`]) for it.
+    /// then leaves the pair's fast path ([`ShmChannel::poll_pair`]) for it.
     pub(super) fn beside_net(&mut self) {
         self.detour |= NET;
     }

@@ -460,13 +460,9 @@ impl<R: Region, V: Variant> Port<R, V> {
         // Peers have no boxes when fastboxes are off. A run of messages from one peer is
         // taken in one poll, up to a bound, so a stream pays the caller's poll once per
         // run rather than per message.
-        if let [peer] = &mut b.peers[..] {
-            // A pair of processes, the commonest job on a node: no loop to set up.
-            got = take_run::<R, V, F>(region, peer, &mut f);
-        } else {
-            for peer in b.peers.iter_mut() {
-                got += take_run::<R, V, F>(region, peer, &mut f);
-            }
+        // A pair's port has its own poll, without the loop ([`Port::poll_pair`]).
+        for peer in b.peers.iter_mut() {
+            got += take_run::<R, V, F>(region, peer, &mut f);
         }
         self.then_queue(f, got)
     }

@@ -20,6 +20,7 @@ const LAP_MARK: u64 = 1 << 63;
 /// Called on a branch that is rarely taken, so that the compiler lays the common path
 /// out straight, without jumps around what it skips (as `std::hint::cold_path` does,
 /// which is newer than the crates' oldest Rust).
+///
 /// Generic over the region, so that each crate that instantiates the fast paths has its
 /// own copy and calls it directly: called in another crate, its address would be loaded
 /// from the global offset table, and where a loop calls it, before the loop.

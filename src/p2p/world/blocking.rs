@@ -127,42 +127,23 @@ impl<C: Channel> World<C> {
         // packet of any other kind stays in the fastbox. Only while the engine is calm:
         // with anything posted, waiting or arriving, the `Fresh` receive or the posted
         // queue decides, and the `Fresh` receive's first look is at the same fastbox.
-        // The same look as `take_eager_from`'s, written out: through that function's
-        // `Option<Result<..>>` this path took 23 instructions more.
+        let mut got = None;
         if let Some(s) = src_w
             && self.eng.calm()
+            && self.look_eager(ctx, s, tag, buf, || {}, &mut got)
+            && let Some((got_tag, len)) = got
         {
-            let want = tag.unwrap_or(FRESH_ANY_TAG);
-            let mut got: Option<(i32, usize)> = None;
-            if self.core.ch.poll_from_if(
-                s,
-                #[inline(always)]
-                |h, _| {
-                    // The header's words against those of an eager message of this
-                    // context and tag (flags and the spare word nought, as `wire::eager`
-                    // makes them): one comparison each. Any other header, which the
-                    // `Fresh` receive may still take, is left for it.
-                    let [w0, w1] = h.to_envelope();
-                    let [e0, e1] = wire::eager(ctx, want).to_envelope();
-                    w0 == e0 && (want == FRESH_ANY_TAG || w1 == e1)
-                },
-                #[inline(always)]
-                |p| {
-                    copy_into(buf, p.payload);
-                    got = Some((p.header.tag, p.payload.len()));
-                },
-            ) && let Some((got_tag, len)) = got
-            {
-                if self.eng.chores {
-                    let found = Some(Found::Eager {
-                        src: s,
-                        tag: got_tag,
-                        len,
-                    });
-                    return self.recv_fresh(c, ctx, src_w, tag, buf, found, None);
-                }
-                return eager_status(c, s, got_tag, len, buf.len());
+            // `took_eager`'s body, written out: called here, even inlined, it cost this
+            // path 10 instructions (`scripts/icount.sh p2p`).
+            if self.eng.chores {
+                let found = Some(Found::Eager {
+                    src: s,
+                    tag: got_tag,
+                    len,
+                });
+                return self.recv_fresh(c, ctx, src_w, tag, buf, found, None);
             }
+            return eager_status(c, s, got_tag, len, buf.len());
         }
         self.recv_waiting(c, ctx, src, src_w, tag, buf)
     }
@@ -195,8 +176,11 @@ impl<C: Channel> World<C> {
                 if !self.eng.calm() || seen {
                     break;
                 }
-                if let Some(r) = self.take_eager_from(c, ctx, s, tag, buf, &mut seen) {
-                    return r;
+                let mut got = None;
+                if self.look_eager(ctx, s, tag, buf, || seen = true, &mut got)
+                    && let Some((got_tag, len)) = got
+                {
+                    return self.took_eager(c, ctx, s, tag, buf, got_tag, len);
                 }
             }
         }
@@ -206,28 +190,28 @@ impl<C: Channel> World<C> {
         self.recv_posted(c, ctx, src, tag, buf)
     }
 
-    /// Takes the next packet from `s`'s fastbox if it is an eager message this receive
-    /// selects, by a sink that only copies it, so that nothing else any packet might
-    /// need is kept for it; a packet of any other kind stays in the fastbox (`seen`
-    /// says one was there). Only while the engine is calm. The receive's result, or
-    /// `None` where nothing was taken.
+    /// Takes the next packet from `s`'s fastbox into `buf` if it is an eager message of
+    /// context `ctx` that `tag` selects, by a sink that only copies it, so that nothing
+    /// else any packet might need is kept for it; a packet of any other kind stays in
+    /// the fastbox, and `seen` is told of it. Whether it took one, whose tag and length
+    /// go to `got`. The caller finishes the receive ([`World::took_eager`]): returned from
+    /// here, a receive's `Result` cost the first look 23 instructions.
     #[inline(always)]
-    fn take_eager_from(
+    fn look_eager(
         &mut self,
-        c: &Arc<CommInner>,
         ctx: u32,
         s: u32,
         tag: Option<i32>,
         buf: &mut [u8],
-        seen: &mut bool,
-    ) -> Option<Result<Status, P2pError>> {
+        mut seen: impl FnMut(),
+        got: &mut Option<(i32, usize)>,
+    ) -> bool {
         let want = tag.unwrap_or(FRESH_ANY_TAG);
-        let mut got: Option<(i32, usize)> = None;
-        if self.core.ch.poll_from_if(
+        self.core.ch.poll_from_if(
             s,
             #[inline(always)]
             |h, _| {
-                *seen = true;
+                seen();
                 // The header's words against those of an eager message of this
                 // context and tag (flags and the spare word nought, as `wire::eager`
                 // makes them): one comparison each. Any other header, which the
@@ -239,21 +223,35 @@ impl<C: Channel> World<C> {
             #[inline(always)]
             |p| {
                 copy_into(buf, p.payload);
-                got = Some((p.header.tag, p.payload.len()));
+                *got = Some((p.header.tag, p.payload.len()));
             },
-        ) && let Some((got_tag, len)) = got
-        {
-            if self.eng.chores {
-                let found = Some(Found::Eager {
-                    src: s,
-                    tag: got_tag,
-                    len,
-                });
-                return Some(self.recv_fresh(c, ctx, Some(s), tag, buf, found, None));
-            }
-            return Some(eager_status(c, s, got_tag, len, buf.len()));
+        )
+    }
+
+    /// The receive whose eager message from `s` (`got_tag`, `len` bytes) a
+    /// [`World::look_eager`] took: its status, or, with chores due, through the `Fresh`
+    /// receive that does them first.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn took_eager(
+        &mut self,
+        c: &Arc<CommInner>,
+        ctx: u32,
+        s: u32,
+        tag: Option<i32>,
+        buf: &mut [u8],
+        got_tag: i32,
+        len: usize,
+    ) -> Result<Status, P2pError> {
+        if self.eng.chores {
+            let found = Some(Found::Eager {
+                src: s,
+                tag: got_tag,
+                len,
+            });
+            return self.recv_fresh(c, ctx, Some(s), tag, buf, found, None);
         }
-        None
+        eager_status(c, s, got_tag, len, buf.len())
     }
 
     /// A blocking receive that goes through the posted queue.
